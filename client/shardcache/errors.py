@@ -1,0 +1,116 @@
+"""Errors raised by the shardcache client.
+
+    ShardcacheError
+    ├── ConfigError (also ValueError)        bad arguments: names the argument and the accepted values
+    ├── DaemonError                          the daemon could not serve a request
+    │   ├── DaemonUnavailable                no daemon answers on the socket
+    │   └── DaemonRequestError               the daemon answered with an error status
+    │       ├── BadRequest          400/422
+    │       ├── NotAllowed          403  the URL is outside the daemon's allow-list
+    │       ├── RemoteNotFound      404  the remote object does not exist (or unknown lease)
+    │       ├── RemoteFailed        502  the remote failed after retries
+    │       └── InsufficientCapacity 507 the shard cannot fit in the cache
+    ├── ShardError                           a shard cannot be read
+    │   └── CorruptShardError                truncated or malformed shard (names the shard and member)
+    ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
+    └── StateError (also ValueError)         a resume state does not fit this pipeline
+"""
+
+from __future__ import annotations
+
+
+class ShardcacheError(Exception):
+    """Root of every error the shardcache client raises."""
+
+
+class ConfigError(ShardcacheError, ValueError):
+    """A bad argument; the message names the argument and what is accepted."""
+
+
+class DaemonError(ShardcacheError):
+    """The daemon could not serve a request."""
+
+
+class DaemonUnavailable(DaemonError):
+    """No daemon answers on the socket."""
+
+    def __init__(self, socket: str, reason: str) -> None:
+        super().__init__(
+            f"no shardcached daemon answers on {socket}: {reason}. Start the daemon (`shardcached`), "
+            f"point SHARDCACHE_SOCKET at its socket, or pass daemon=None to read shards directly."
+        )
+        self.socket = socket
+
+
+class DaemonRequestError(DaemonError):
+    """The daemon answered with an error status."""
+
+    status: int = 0
+
+    def __init__(self, status: int, code: str, detail: str, url: str | None = None) -> None:
+        where = f" ({url})" if url else ""
+        super().__init__(f"shardcached answered {status} {code}{where}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.url = url
+
+
+class BadRequest(DaemonRequestError):
+    """400/422: the request was malformed."""
+
+
+class NotAllowed(DaemonRequestError):
+    """403: the URL is outside the daemon's allow-list (`shardcached --allow PREFIX`)."""
+
+
+class RemoteNotFound(DaemonRequestError):
+    """404: the remote object (or the lease) does not exist."""
+
+
+class RemoteFailed(DaemonRequestError):
+    """502: the remote failed after the daemon's retries."""
+
+
+class InsufficientCapacity(DaemonRequestError):
+    """507: the shard is larger than the cache can hold."""
+
+
+_BY_STATUS: dict[int, type[DaemonRequestError]] = {
+    400: BadRequest,
+    422: BadRequest,
+    403: NotAllowed,
+    404: RemoteNotFound,
+    502: RemoteFailed,
+    507: InsufficientCapacity,
+}
+
+
+def error_for_status(status: int, code: str, detail: str, url: str | None = None) -> DaemonRequestError:
+    """Map a daemon error answer back to its typed exception."""
+    return _BY_STATUS.get(status, DaemonRequestError)(status, code, detail, url)
+
+
+class ShardError(ShardcacheError):
+    """A shard cannot be read."""
+
+
+class CorruptShardError(ShardError):
+    """A shard is truncated or malformed."""
+
+    def __init__(self, shard: str, detail: str, member: str | None = None) -> None:
+        where = f" at member {member!r}" if member else ""
+        super().__init__(
+            f"corrupt shard {shard}{where}: {detail}. Re-create the shard, or pass on_corrupt='skip' "
+            f"to skip the rest of a corrupt shard."
+        )
+        self.shard = shard
+        self.member = member
+
+
+class CacheError(ShardcacheError):
+    """A Lance `.cache()` entry could not be built or read."""
+
+
+class StateError(ShardcacheError, ValueError):
+    """A resume state does not fit this pipeline."""

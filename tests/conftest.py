@@ -1,0 +1,180 @@
+"""Shared fixtures: a real S3 endpoint (moto's server in a subprocess) and the real daemon on a Unix socket.
+
+Tools the integration tests need (moto, promtool, ...) must be present under CI=true: `require_tool` fails
+the run there instead of skipping.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shardcache.devservers import Daemon, S3Server, start_daemon, start_s3_server
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skip locally when missing, fail under CI=true."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package for promtool: prometheus)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def make_tar_shard(path: Path, shard_index: int, samples: int, payload_bytes: int = 1024) -> list[str]:
+    """Write a tar shard of `samples` samples (`<key>.bin` + `<key>.json`); return the sample keys."""
+    keys = []
+    with tarfile.open(path, "w") as tar:
+        for i in range(samples):
+            key = f"s{shard_index:04d}_{i:05d}"
+            keys.append(key)
+            body = bytes((shard_index * 31 + i + j) % 256 for j in range(payload_bytes))
+            meta = json.dumps({"shard": shard_index, "index": i}).encode()
+            for field, data in (("bin", body), ("json", meta)):
+                info = tarfile.TarInfo(f"{key}.{field}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return keys
+
+
+@dataclass
+class ShardSet:
+    """Generated tar shards, both on local disk and (when uploaded) in an S3 bucket."""
+
+    local_dir: Path
+    names: list[str]
+    bucket: str | None = None
+
+    @property
+    def local_paths(self) -> list[str]:
+        return [str(self.local_dir / name) for name in self.names]
+
+    @property
+    def s3_urls(self) -> list[str]:
+        assert self.bucket is not None
+        return [f"s3://{self.bucket}/shards/{name}" for name in self.names]
+
+    def size_of(self, name: str) -> int:
+        return (self.local_dir / name).stat().st_size
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.size_of(name) for name in self.names)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 endpoint: moto's server as a subprocess on 127.0.0.1, one per test session."""
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        if IN_CI:
+            pytest.fail("moto[server] is not installed")
+        pytest.skip("moto[server] is not installed")
+    server = start_s3_server()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_server: S3Server):  # type: ignore[no-untyped-def]
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server.endpoint, region_name="us-east-1")
+
+
+_bucket_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def make_bucket(s3_client, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ShardSet]:  # type: ignore[no-untyped-def]
+    """Factory: a fresh bucket holding `count` generated tar shards under `shards/`."""
+
+    def make(count: int = 4, samples: int = 8, payload_bytes: int = 1024) -> ShardSet:
+        bucket = f"bucket-{os.getpid()}-{next(_bucket_counter)}"
+        s3_client.create_bucket(Bucket=bucket)
+        local = tmp_path_factory.mktemp("shards")
+        names = []
+        for i in range(count):
+            name = f"shard_{i:06d}.tar"
+            make_tar_shard(local / name, i, samples, payload_bytes)
+            s3_client.upload_file(str(local / name), bucket, f"shards/{name}")
+            names.append(name)
+        return ShardSet(local, names, bucket)
+
+    return make
+
+
+@pytest.fixture
+def local_shards(tmp_path: Path) -> ShardSet:
+    """Four small tar shards on local disk."""
+    local = tmp_path / "shards"
+    local.mkdir()
+    names = []
+    for i in range(4):
+        name = f"shard_{i:06d}.tar"
+        make_tar_shard(local / name, i, samples=8)
+        names.append(name)
+    return ShardSet(local, names)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temporary directory: Unix socket paths must stay under ~100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_factory(short_tmp: Path, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Factory: start the real daemon on a temporary Unix socket; every daemon started is stopped after."""
+    started: list[Daemon] = []
+
+    def start(
+        allow: list[str],
+        capacity: str = "1GiB",
+        extra_args: list[str] | None = None,
+        cache_dir: Path | None = None,
+        socket_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Daemon:
+        daemon = start_daemon(
+            socket_path or short_tmp / f"d{len(started)}.sock",
+            cache_dir or tmp_path / "cache",
+            allow,
+            capacity=capacity,
+            extra_args=extra_args or [],
+            env=env,
+            log=tmp_path / f"daemon{len(started)}.log",
+        )
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
