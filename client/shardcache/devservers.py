@@ -56,7 +56,9 @@ def _http_ok(conn: http.client.HTTPConnection, path: str) -> bool:
         conn.close()
 
 
-def _wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, deadline_s: float) -> None:
+def _wait_until(
+    check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, deadline_s: float
+) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -89,7 +91,11 @@ class S3Server:
     @property
     def env(self) -> dict[str, str]:
         """Environment that points AWS SDKs (boto3, s3fs, the daemon) at this endpoint."""
-        return {**S3_TEST_CREDENTIALS, "AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ENDPOINT_URL": self.endpoint}
+        return {
+            **S3_TEST_CREDENTIALS,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
 
     def stop(self) -> None:
         stop_process(self.process)
@@ -105,8 +111,12 @@ def start_s3_server(deadline_s: float = 60.0, log: Path | None = None) -> S3Serv
         stderr=subprocess.STDOUT,
         env={**os.environ, **S3_TEST_CREDENTIALS},
     )
-    _wait_until(lambda: _http_ok(http.client.HTTPConnection("127.0.0.1", port, timeout=2),
-                                       "/moto-api/"), proc, "moto S3 server", deadline_s)
+    _wait_until(
+        lambda: _http_ok(http.client.HTTPConnection("127.0.0.1", port, timeout=2), "/moto-api/"),
+        proc,
+        "moto S3 server",
+        deadline_s,
+    )
     return S3Server(endpoint=f"http://127.0.0.1:{port}", process=proc)
 
 
@@ -152,11 +162,17 @@ def start_daemon(
     """Start `shardcached` as a subprocess and wait until `/v1/health` answers on its socket."""
     port = metrics_port or free_tcp_port()
     args = [
-        sys.executable, "-m", "shardcached",
-        "--socket", str(socket_path),
-        "--cache-dir", str(cache_dir),
-        "--capacity", capacity,
-        "--metrics-addr", f"127.0.0.1:{port}",
+        sys.executable,
+        "-m",
+        "shardcached",
+        "--socket",
+        str(socket_path),
+        "--cache-dir",
+        str(cache_dir),
+        "--capacity",
+        capacity,
+        "--metrics-addr",
+        f"127.0.0.1:{port}",
     ]
     for prefix in allow:
         args += ["--allow", prefix]

@@ -1,19 +1,19 @@
 """Errors raised by the shardcache client.
 
-    ShardcacheError
-    ├── ConfigError (also ValueError)        bad arguments: names the argument and the accepted values
-    ├── DaemonError                          the daemon could not serve a request
-    │   ├── DaemonUnavailable                no daemon answers on the socket
-    │   └── DaemonRequestError               the daemon answered with an error status
-    │       ├── BadRequest          400/422
-    │       ├── NotAllowed          403  the URL is outside the daemon's allow-list
-    │       ├── RemoteNotFound      404  the remote object does not exist (or unknown lease)
-    │       ├── RemoteFailed        502  the remote failed after retries
-    │       └── InsufficientCapacity 507 the shard cannot fit in the cache
-    ├── ShardError                           a shard cannot be read
-    │   └── CorruptShardError                truncated or malformed shard (names the shard and member)
-    ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
-    └── StateError (also ValueError)         a resume state does not fit this pipeline
+ShardcacheError
+├── ConfigError (also ValueError)        bad arguments: names the argument and the accepted values
+├── DaemonError                          the daemon could not serve a request
+│   ├── DaemonUnavailable                no daemon answers on the socket
+│   └── DaemonRequestError               the daemon answered with an error status
+│       ├── BadRequest          400/422
+│       ├── NotAllowed          403  the URL is outside the daemon's allow-list
+│       ├── RemoteNotFound      404  the remote object does not exist (or unknown lease)
+│       ├── RemoteFailed        502  the remote failed after retries
+│       └── InsufficientCapacity 507 the shard cannot fit in the cache
+├── ShardError                           a shard cannot be read
+│   └── CorruptShardError                truncated or malformed shard (names the shard and member)
+├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
+└── StateError (also ValueError)         a resume state does not fit this pipeline
 """
 
 from __future__ import annotations
