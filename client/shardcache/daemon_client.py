@@ -1,0 +1,320 @@
+"""`DaemonClient`: open shards through the node daemon, or directly when none answers.
+
+The hot path is `open`: one keep-alive round trip (`POST /v1/shards/open`), an `open()` of the local path the
+daemon hands over, and a lease release whose answer is read lazily on the next request. Everything else
+(plans, stats, prefetch) is control plane and may cost more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from typing import IO, Any, BinaryIO, Literal, cast
+
+from shardcache import protocol
+from shardcache.errors import ConfigError, DaemonUnavailable, RemoteNotFound
+from shardcache.transport import Response, Transport
+
+logger = logging.getLogger(__name__)
+
+Handoff = Literal["auto", "path", "stream"]
+_HANDOFFS = ("auto", "path", "stream")
+_V1 = protocol.API_PREFIX
+
+
+class DaemonClient:
+    """A connection to the node's `shardcached`, safe to share across threads and to copy into workers.
+
+    Args:
+        socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the platform default
+            (`protocol.default_socket_path()`).
+        required: raise `DaemonUnavailable` when no daemon answers, instead of reading shards directly.
+        timeout: seconds one request may take; an open that misses waits for the whole download.
+        handoff: how a shard's bytes reach the reader: "auto" opens the local path the daemon hands over and
+            streams `GET /v1/shards/data` when that path is not visible (another mount namespace); "path"
+            only opens the path; "stream" always streams.
+        reprobe_interval: while no daemon answers, seconds between attempts to reach it again, so a
+            restarted daemon is picked up without a failed connect on every open.
+
+    Example:
+        >>> with DaemonClient() as client, client.open("s3://bucket/shard_000000.tar") as f:  # doctest: +SKIP
+        ...     header = f.read(512)
+    """
+
+    def __init__(
+        self,
+        socket: str | None = None,
+        *,
+        required: bool = False,
+        timeout: float = 600.0,
+        handoff: Handoff = "auto",
+        reprobe_interval: float = 5.0,
+    ) -> None:
+        if handoff not in _HANDOFFS:
+            raise ConfigError(f"handoff={handoff!r} is not one of {', '.join(map(repr, _HANDOFFS))}")
+        if timeout <= 0:
+            raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
+        self.socket = socket or os.environ.get(protocol.SOCKET_ENV) or protocol.default_socket_path()
+        self.required = required
+        self.timeout = timeout
+        self.handoff: Handoff = handoff
+        self.reprobe_interval = reprobe_interval
+        self._setup()
+
+    def _setup(self) -> None:
+        self._transport = Transport(self.socket, self.timeout)
+        self._state_lock = threading.Lock()
+        # Monotonic time of the last failed attempt to reach the daemon; None while it answers.
+        self._down_at: float | None = None
+        self._warned_path = False
+
+    # -- pickling: DataLoader workers get a copy without the parent's sockets and locks --------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("socket", "required", "timeout", "handoff", "reprobe_interval")
+        return {name: self.__dict__[name] for name in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __repr__(self) -> str:
+        return f"DaemonClient(socket={self.socket!r}, required={self.required}, handoff={self.handoff!r})"
+
+    # -- the hot path ---------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def open(
+        self, url: str, *, plan: str | None = None, size: int | None = None, checksum: str | None = None
+    ) -> Iterator[BinaryIO]:
+        """Open a shard for reading, through the daemon's cache.
+
+        Yields a real file (with `fileno()`, so it can be mmap-ed) when the daemon's path is visible, a
+        streamed answer otherwise, or the URL read directly (fsspec) when no daemon answers and the client
+        is not `required`.
+
+        Args:
+            url: the shard: an fsspec URL or a local path.
+            plan: the plan id (from `register_plan`) this open belongs to, so the daemon advances its cursor.
+            size: the expected size in bytes, checked by the daemon after a download.
+            checksum: the expected checksum, `"<algo>:<hex>"`, checked by the daemon after a download.
+
+        Raises:
+            DaemonUnavailable: no daemon answers and `required=True`.
+            NotAllowed, RemoteNotFound, RemoteFailed, InsufficientCapacity, BadRequest: the daemon refused;
+                the message names the URL.
+        """
+        grant = self._acquire(url, plan, size, checksum)
+        if grant is None:
+            with open_direct(url) as direct:
+                yield direct
+            return
+        try:
+            with self._open_granted(url, grant["path"]) as handle:
+                yield handle
+        finally:
+            # The lease ends only after the file is closed, so the daemon counts the bytes until then. The
+            # answer is read on this thread's next request: the reader does not wait for a 204.
+            self._transport.send_deferred("POST", f"{_V1}/shards/release", {"lease": grant["lease"]})
+
+    def _acquire(self, url: str, plan: str | None, size: int | None, checksum: str | None) -> Any:
+        """Ask the daemon for the shard; the grant's JSON (`path`, `lease`, ...), or None to read directly."""
+        if self._skip_daemon():
+            return None
+        body: dict[str, Any] = {"url": url}
+        if plan is not None:
+            body["plan"] = plan
+        if size is not None:
+            body["size"] = size
+        if checksum is not None:
+            body["checksum"] = checksum
+        try:
+            answer = self._transport.request("POST", f"{_V1}/shards/open", body)
+        except DaemonUnavailable as exc:
+            self._went_down(exc)
+            return None
+        self._came_up()
+        return answer.raise_for_status(url).json()
+
+    def _open_granted(self, url: str, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        if self.handoff != "stream":
+            try:
+                return open(path, "rb")  # noqa: SIM115 - the caller's `with` closes it
+            except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+                if self.handoff == "path":
+                    raise
+                if not self._warned_path:
+                    self._warned_path = True
+                    logger.warning(
+                        "cannot open the daemon's cached file %s (%s); streaming shards over the socket "
+                        "instead, which is much slower. Mount the daemon's cache directory into this "
+                        "container at the same path to read shards in place.",
+                        path,
+                        exc.strerror,
+                    )
+        return contextlib.closing(self.stream(url))
+
+    def stream(self, url: str) -> BinaryIO:
+        """The shard's bytes streamed by the daemon (`GET /v1/shards/data`); close the result when done.
+
+        Raises:
+            DaemonUnavailable: no daemon answers.
+            NotAllowed, RemoteNotFound, ...: the daemon refused; the message names the URL.
+        """
+        answer = self._transport.stream(f"{_V1}/shards/data?url={_quote(url)}")
+        if answer.status != 200:
+            try:
+                Response(answer.status, answer.read()).raise_for_status(url)
+            finally:
+                answer.close()
+        return cast(BinaryIO, answer)
+
+    @contextlib.contextmanager
+    def local_path(
+        self, url: str, *, plan: str | None = None, size: int | None = None, checksum: str | None = None
+    ) -> Iterator[str | None]:
+        """The daemon's local path of a shard, leased (not deleted) until the block ends.
+
+        Yields None when no daemon answers and the client is not `required`; read the URL directly then.
+        Arguments and errors as for `open`.
+        """
+        grant = self._acquire(url, plan, size, checksum)
+        if grant is None:
+            yield None
+            return
+        try:
+            yield str(grant["path"])
+        finally:
+            self._transport.send_deferred("POST", f"{_V1}/shards/release", {"lease": grant["lease"]})
+
+    # -- daemon availability --------------------------------------------------------------------------------
+
+    def _skip_daemon(self) -> bool:
+        down_at = self._down_at
+        if down_at is None or self.required:
+            return False
+        return time.monotonic() - down_at < self.reprobe_interval
+
+    def _went_down(self, exc: DaemonUnavailable) -> None:
+        if self.required:
+            raise exc
+        with self._state_lock:
+            first = self._down_at is None
+            self._down_at = time.monotonic()
+        if first:
+            logger.warning(
+                "%s; reading shards directly (no node cache) until it answers again. Pass required=True "
+                "to make this an error.",
+                exc,
+            )
+
+    def _came_up(self) -> None:
+        if self._down_at is not None:
+            with self._state_lock:
+                was_down, self._down_at = self._down_at is not None, None
+            if was_down:
+                logger.info("shardcached answers again on %s; reading shards through it", self.socket)
+
+    def available(self) -> bool:
+        """Whether a daemon answers on the socket right now (a health check with a short timeout)."""
+        try:
+            ok = self._transport.probe(f"{_V1}/health", timeout=min(self.timeout, 2.0)).status == 200
+        except DaemonUnavailable:
+            return False
+        if ok:
+            self._came_up()
+        return ok
+
+    # -- control plane --------------------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
+        answer = self._transport.request(method, path, body)
+        self._came_up()
+        return answer.raise_for_status(url).json()
+
+    def register_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str | None:
+        """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
+
+        Raises:
+            DaemonUnavailable: no daemon answers and `required=True`.
+            BadRequest: the daemon rejected the plan.
+        """
+        if self._skip_daemon():
+            return None
+        body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
+        try:
+            answer = self._call("POST", f"{_V1}/plans", body)
+        except DaemonUnavailable as exc:
+            self._went_down(exc)
+            return None
+        return str(protocol.PlanResponse.model_validate(answer).plan)
+
+    def delete_plan(self, plan_id: str) -> None:
+        """Withdraw a plan; quiet when no daemon answers or it no longer knows the plan (it restarted)."""
+        try:
+            self._call("DELETE", f"{_V1}/plans/{_quote(plan_id)}")
+        except (DaemonUnavailable, RemoteNotFound) as exc:
+            logger.debug("plan %s not deleted: %s", plan_id, exc)
+
+    def stats(self) -> protocol.Stats:
+        """The daemon's counters (`GET /v1/stats`). Raises `DaemonUnavailable` when none answers."""
+        return protocol.Stats.model_validate(self._call("GET", f"{_V1}/stats"))
+
+    def shards(self) -> list[protocol.ShardInfo]:
+        """The resident shards: url, size, last use, next planned use (`GET /v1/shards`)."""
+        answer = self._call("GET", f"{_V1}/shards")
+        if isinstance(answer, list):
+            answer = {"shards": answer}
+        return protocol.ShardList.model_validate(answer).shards
+
+    def prefetch(self, urls: Sequence[str]) -> None:
+        """Ask the daemon to fetch shards in the background (`POST /v1/prefetch`); returns at once."""
+        if urls:
+            self._call("POST", f"{_V1}/prefetch", {"urls": list(urls)}, url=", ".join(urls[:3]))
+
+    def evict(self, url: str) -> None:
+        """Remove one shard from the cache (`DELETE /v1/shards?url=`)."""
+        self._call("DELETE", f"{_V1}/shards?url={_quote(url)}", url=url)
+
+    def health(self) -> protocol.Health:
+        """The daemon's health answer (`GET /v1/health`)."""
+        return protocol.Health.model_validate(self._call("GET", f"{_V1}/health"))
+
+    def close(self) -> None:
+        """Close this thread's connection to the daemon (other threads' close when the threads end)."""
+        self._transport.close()
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _quote(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def local_path_of(url: str) -> str | None:
+    """The filesystem path a URL names (plain paths and `file://`), or None for a remote URL."""
+    if url.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    if "://" not in url:
+        return url
+    return None
+
+
+def open_direct(url: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    """Open a shard without the daemon: local paths with `open()`, anything else with fsspec."""
+    path = local_path_of(url)
+    if path is not None:
+        return open(path, "rb")
+    import fsspec  # a core dependency; the protocol's own package (s3fs, ...) is imported by fsspec
+
+    handle: IO[bytes] = fsspec.open(url, "rb").open()
+    return contextlib.closing(cast(BinaryIO, handle))
