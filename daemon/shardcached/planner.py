@@ -1,0 +1,364 @@
+"""Plans, next use, prefetch order and eviction choice: Belady's MIN over the union of the clients' plans.
+
+A client announces, per (job, slot) and epoch, the ordered list of shards it will open. The plans of one
+(job, slot) form a *chain* ordered by epoch: the remaining positions of the current epoch come before the
+next epoch's, so next use is known past the epoch boundary. Each chain has a cursor per plan (advanced by
+opens carrying the plan id) and an observed open interval (an exponentially weighted moving average), so a
+planned position becomes an estimated *time*::
+
+    time(position) = last open of the chain + opens ahead * chain interval
+
+Comparing estimated times, not raw positions, orders the uses of slots that progress at different speeds.
+A chain with no interval yet uses the median interval of the others (1 s when nobody has one).
+
+The planner is pure logic: no I/O, no asyncio, single-threaded (the daemon's event loop). Time comes from an
+injected clock. Per-call cost: ``record_open`` is O(log n) (a bisect in the url's positions in that plan);
+``next_use`` looks only at the plans that contain the url (an index url -> plan -> sorted positions), never
+at all plans.
+
+Example:
+    >>> t = [0.0]
+    >>> p = Planner(clock=lambda: t[0])
+    >>> pid = p.add_plan("job", 0, 0, ["a", "b", "c"])
+    >>> p.record_open("a", pid)
+    >>> p.choose_victim(["a", "c"], incoming=None)  # "a" is in no plan ahead of the cursor any more
+    'a'
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import uuid
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("belady", "lru")
+# Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
+# miss, yet follows a real change of speed within a few opens.
+_ALPHA = 0.25
+# Two opens in the same clock tick must not make every position of a chain tie at one instant.
+_MIN_INTERVAL = 1e-6
+_DEFAULT_INTERVAL = 1.0
+
+
+@dataclass(eq=False)
+class _Chain:
+    """The plans of one (job, slot), ordered by epoch, with the slot's observed pace."""
+
+    job: str
+    slot: int
+    plans: list[_Plan] = field(default_factory=list)
+    last_open: float | None = None
+    last_activity: float = 0.0
+    interval: float | None = None  # smoothed seconds between two opens of this slot
+
+
+@dataclass(eq=False)
+class _Plan:
+    id: str
+    chain: _Chain
+    epoch: int
+    urls: list[str]
+    cursor: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.urls) - self.cursor
+
+
+class Planner:
+    """Tracks plans and recency; answers next use, prefetch candidates and eviction victims.
+
+    Args:
+        policy: ``"belady"`` (farthest next use over all plans) or ``"lru"`` (plain recency, no prefetch).
+        prefetch_depth: how many positions ahead of each (job, slot)'s cursor may be prefetched.
+        stale_after_s: a (job, slot) with no open and no new plan for this long loses its plans.
+        clock: monotonic seconds; injected so that tests drive time.
+    """
+
+    def __init__(
+        self,
+        policy: str = "belady",
+        prefetch_depth: int = 2,
+        stale_after_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown eviction policy {policy!r}: use one of {', '.join(POLICIES)}")
+        if prefetch_depth < 0:
+            raise ValueError(f"prefetch_depth must be >= 0, got {prefetch_depth}")
+        if stale_after_s <= 0:
+            raise ValueError(f"stale_after_s must be > 0, got {stale_after_s}")
+        self.policy = policy
+        self.prefetch_depth = prefetch_depth
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._plans: dict[str, _Plan] = {}
+        self._chains: dict[tuple[str, int], _Chain] = {}
+        # url -> plan id -> ascending positions of url in that plan (a url may repeat within a plan).
+        self._positions: dict[str, dict[str, list[int]]] = {}
+        self._recency: dict[str, int] = {}
+        self._seq = 0
+        self._ref_interval: float | None = None  # cached median interval; None = recompute
+        self._expiry_check_at = math.inf  # no chain can be stale before this time
+
+    # ------------------------------------------------------------------ plans
+
+    def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
+        """Register the ordered urls one slot of one job will open in one epoch; returns the plan id.
+
+        Registering the same (job, slot, epoch) again with the same urls returns the existing id and keeps
+        its cursor (a client re-registers after reconnecting); with other urls it replaces the plan.
+        """
+        now = self._clock()
+        self._maybe_expire(now)
+        chain = self._chains.get((job, slot))
+        if chain is None:
+            chain = self._chains[(job, slot)] = _Chain(job, slot)
+        chain.last_activity = now
+        self._expiry_check_at = min(self._expiry_check_at, now + self.stale_after_s)
+        for plan in chain.plans:
+            if plan.epoch == epoch:
+                if plan.urls == list(urls):
+                    return plan.id
+                self.delete_plan(plan.id)
+                break
+        plan = _Plan(uuid.uuid4().hex, chain, epoch, list(urls))
+        self._plans[plan.id] = plan
+        chain.plans.append(plan)
+        chain.plans.sort(key=lambda p: p.epoch)
+        for position, url in enumerate(plan.urls):
+            self._positions.setdefault(url, {}).setdefault(plan.id, []).append(position)
+        logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
+        return plan.id
+
+    def delete_plan(self, plan_id: str) -> bool:
+        """Forget a plan; False if the id is unknown (never registered, deleted, or dropped as stale)."""
+        plan = self._plans.pop(plan_id, None)
+        if plan is None:
+            return False
+        for url in set(plan.urls):
+            per_plan = self._positions.get(url)
+            if per_plan is not None:
+                per_plan.pop(plan_id, None)
+                if not per_plan:
+                    del self._positions[url]
+        chain = plan.chain
+        chain.plans.remove(plan)
+        if not chain.plans:
+            self._chains.pop((chain.job, chain.slot), None)
+            self._ref_interval = None
+        return True
+
+    def has_plan(self, plan_id: str) -> bool:
+        """Whether `plan_id` is a live plan."""
+        return plan_id in self._plans
+
+    @property
+    def plan_count(self) -> int:
+        """Number of live plans."""
+        return len(self._plans)
+
+    # ------------------------------------------------------------------ events
+
+    def record_open(self, url: str, plan_id: str | None = None) -> None:
+        """Note a client open (hit or miss) of `url`, optionally made under a plan.
+
+        With a known plan id the plan's cursor moves past the first occurrence of `url` at or after it
+        (skipped positions are passed over; a repeated open of an already passed url leaves it in place),
+        earlier epochs of the same (job, slot) count as finished, and the slot's pace is updated.
+        """
+        self._seq += 1
+        self._recency[url] = self._seq
+        if plan_id is None:
+            return
+        plan = self._plans.get(plan_id)
+        if plan is None:
+            return
+        now = self._clock()
+        chain = plan.chain
+        if chain.last_open is not None:
+            observed = max(now - chain.last_open, _MIN_INTERVAL)
+            previous = chain.interval
+            chain.interval = observed if previous is None else previous + _ALPHA * (observed - previous)
+            self._ref_interval = None
+        chain.last_open = now
+        chain.last_activity = now
+        for earlier in chain.plans:
+            if earlier is plan:
+                break
+            earlier.cursor = len(earlier.urls)
+        positions = self._positions.get(url, {}).get(plan_id)
+        if positions:
+            i = bisect_left(positions, plan.cursor)
+            if i < len(positions):
+                plan.cursor = positions[i] + 1
+
+    def touch(self, url: str) -> None:
+        """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
+        self._seq += 1
+        self._recency[url] = self._seq
+
+    def forget(self, url: str) -> None:
+        """The shard left the cache: drop its recency."""
+        self._recency.pop(url, None)
+
+    # ------------------------------------------------------------------ queries
+
+    def next_use(self, url: str) -> float | None:
+        """Distance to the nearest planned use of `url` ahead of any cursor, in opens at the median pace.
+
+        None when no live plan has `url` ahead of its cursor. An overdue use (its slot is slower than
+        estimated) reads 0.
+        """
+        now = self._clock()
+        self._maybe_expire(now)
+        ref = self._reference_interval()
+        when = self._next_time(url, now, ref)
+        if when is None:
+            return None
+        return max(0.0, (when - now) / ref)
+
+    def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
+        """Which resident, evictable shard to evict to make room for `incoming`.
+
+        lru: the least recently opened. belady: shards in no plan first (least recent first), then the
+        farthest next use. For a prefetch (`incoming` given) returns None when every candidate is needed
+        no later than `incoming`: the prefetch must wait. For a demand open pass ``incoming=None``; the
+        answer is then never None while `candidates` is non-empty.
+        """
+        pool = list(candidates)
+        if not pool:
+            return None
+        if self.policy == "lru":
+            return min(pool, key=self._recency_of)
+        now = self._clock()
+        self._maybe_expire(now)
+        ref = self._reference_interval()
+        unplanned: list[str] = []
+        farthest: str | None = None
+        farthest_time = -math.inf
+        for url in pool:
+            when = self._next_time(url, now, ref)
+            if when is None:
+                unplanned.append(url)
+            elif farthest is None or when > farthest_time:
+                farthest, farthest_time = url, when
+        if unplanned:
+            return min(unplanned, key=self._recency_of)
+        if incoming is not None:
+            incoming_time = self._next_time(incoming, now, ref)
+            if incoming_time is not None and farthest_time <= incoming_time:
+                return None
+        return farthest
+
+    def prefetch_candidates(self, skip: Callable[[str], bool], limit: int) -> list[str]:
+        """Up to `limit` urls to fetch ahead, nearest next use first.
+
+        Each lies at most `prefetch_depth` positions ahead of its (job, slot)'s cursor (the walk continues
+        into the next epoch's plan). `skip(url)` is True for urls that are resident or being fetched.
+        Always empty under ``lru``: the baseline has no prefetch.
+        """
+        if self.policy == "lru" or limit <= 0 or self.prefetch_depth == 0:
+            return []
+        now = self._clock()
+        self._maybe_expire(now)
+        ref = self._reference_interval()
+        found: dict[str, float] = {}
+        seen: set[str] = set()
+        for chain in self._chains.values():
+            budget = self.prefetch_depth
+            for plan in chain.plans:
+                if budget <= 0:
+                    break
+                end = min(len(plan.urls), plan.cursor + budget)
+                for url in plan.urls[plan.cursor : end]:
+                    if url in seen:
+                        continue
+                    seen.add(url)
+                    if skip(url):
+                        continue
+                    when = self._next_time(url, now, ref)
+                    if when is not None:
+                        found[url] = when
+                budget -= max(0, end - plan.cursor)
+        return sorted(found, key=found.__getitem__)[:limit]
+
+    def expire_stale(self) -> int:
+        """Drop the plans of every (job, slot) idle for `stale_after_s`; returns how many plans went."""
+        now = self._clock()
+        dropped = 0
+        earliest = math.inf
+        for chain in list(self._chains.values()):
+            if now - chain.last_activity >= self.stale_after_s:
+                for plan in list(chain.plans):
+                    self.delete_plan(plan.id)
+                    dropped += 1
+                logger.info("dropped stale plans of job=%s slot=%d", chain.job, chain.slot)
+            else:
+                earliest = min(earliest, chain.last_activity + self.stale_after_s)
+        self._expiry_check_at = earliest
+        return dropped
+
+    def describe(self) -> list[dict[str, object]]:
+        """The live plans, for debugging: id, job, slot, epoch, cursor, len, interval_s, last_open."""
+        return [
+            {
+                "id": plan.id,
+                "job": plan.chain.job,
+                "slot": plan.chain.slot,
+                "epoch": plan.epoch,
+                "cursor": plan.cursor,
+                "len": len(plan.urls),
+                "interval_s": plan.chain.interval,
+                "last_open": plan.chain.last_open,
+            }
+            for chain in self._chains.values()
+            for plan in chain.plans
+        ]
+
+    # ------------------------------------------------------------------ internals
+
+    def _recency_of(self, url: str) -> int:
+        # Never opened (e.g. warmed by /v1/prefetch and not yet read) counts as least recent.
+        return self._recency.get(url, 0)
+
+    def _maybe_expire(self, now: float) -> None:
+        # Amortised O(1): the earliest moment any chain can go stale only moves forward.
+        if now >= self._expiry_check_at:
+            self.expire_stale()
+
+    def _reference_interval(self) -> float:
+        if self._ref_interval is None:
+            known = [c.interval for c in self._chains.values() if c.interval is not None]
+            self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
+        return self._ref_interval
+
+    def _next_time(self, url: str, now: float, ref: float) -> float | None:
+        """Estimated clock time of the nearest planned use of `url` ahead of any cursor."""
+        per_plan = self._positions.get(url)
+        if not per_plan:
+            return None
+        best: float | None = None
+        for plan_id, positions in per_plan.items():
+            plan = self._plans[plan_id]
+            i = bisect_left(positions, plan.cursor)
+            if i == len(positions):
+                continue
+            ahead = positions[i] - plan.cursor + 1
+            for earlier in plan.chain.plans:
+                if earlier is plan:
+                    break
+                ahead += earlier.remaining
+            chain = plan.chain
+            base = now if chain.last_open is None else chain.last_open
+            when = base + ahead * (ref if chain.interval is None else chain.interval)
+            if best is None or when < best:
+                best = when
+        return best
