@@ -55,7 +55,9 @@ def sampling_probabilities(weights: Sequence[float], temperature: float = 1.0) -
     return [s / norm for s in scaled]
 
 
-def default_virtual_size(sizes: Sequence[int], probabilities: Sequence[float], max_scale_up: float = 1.5) -> int:
+def default_virtual_size(
+    sizes: Sequence[int], probabilities: Sequence[float], max_scale_up: float = 1.5
+) -> int:
     """The virtual epoch size: the largest source keeps its size and the others scale relative to it.
 
     ``V = Σ_i (p_i / p_L) · n_L`` where L is the largest source, capped at ``max_scale_up · Σ n_i``.
@@ -148,7 +150,9 @@ def plan_mix(
         if size <= 0:
             raise ConfigError(f"mix source {name!r} has no samples; check its shards or drop it from the mix")
     if weights is not None and len(weights) != len(sizes):
-        raise ConfigError(f"weights has {len(weights)} entries for {len(sizes)} datasets; give one per dataset")
+        raise ConfigError(
+            f"weights has {len(weights)} entries for {len(sizes)} datasets; give one weight per dataset"
+        )
     probs = sampling_probabilities(list(sizes) if weights is None else weights, temperature)
     if virtual_size is None:
         vsize = default_virtual_size(sizes, probs, max_scale_up)
