@@ -1,0 +1,225 @@
+"""The iterators behind `Dataset.mix`: per-source pass streams, the proportional interleave, recipe batches.
+
+Every iterator here follows the pipeline's contract: iterate, `state_dict()` (the position before the next
+item, small and JSON-serialisable) and `load_state_dict(state)` (before iterating). They know nothing of
+shards or datasets: a `PassSource` opens one pass over one source for this slot, so the same code serves
+tars, jsonl, parquet, lance and cached pipelines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import ConfigError, StateError
+from .mix_plan import epoch_rng
+
+logger = logging.getLogger(__name__)
+
+# Interleave positions are drawn block by block so an epoch of 10^8 samples needs no 10^8-entry
+# permutation in memory, and a resume recomputes only per-block counts (one small draw per block).
+BLOCK = 4096
+
+
+class PassSource(Protocol):
+    """One source of a mix, as seen by one slot: pass `j` is one full pass over this slot's share."""
+
+    name: str
+
+    def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[Any]:
+        """An iterator over pass `pass_index`, resumed from `state` (the iterator's own state) if given."""
+        ...
+
+    def state(self, iterator: Iterator[Any]) -> dict[str, Any]:
+        """The state of an iterator returned by `open`, before its next item."""
+        ...
+
+
+class PassStream:
+    """Samples of one source over consecutive passes, stopping after `limit` samples or `max_passes`.
+
+    A source is upsampled by reading further passes (each reshuffled: the `PassSource` derives a new
+    seed per pass) and cut in the middle of the last one, so counts are exact without random access.
+    """
+
+    def __init__(self, source: PassSource, limit: int | None = None, max_passes: int | None = None) -> None:
+        self.source = source
+        self.limit = limit
+        self.max_passes = max_passes
+        self.pass_index = 0
+        self.taken_in_pass = 0
+        self.taken = 0
+        self._inner_state: dict[str, Any] | None = None
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> PassStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self.limit is not None and self.taken >= self.limit:
+            raise StopIteration
+        while True:
+            if self.max_passes is not None and self.pass_index >= self.max_passes:
+                raise StopIteration
+            if self._it is None:
+                self._it = self.source.open(self.pass_index, self._inner_state)
+                self._inner_state = None
+            try:
+                item = next(self._it)
+            except StopIteration:
+                if self.taken_in_pass == 0:
+                    raise ConfigError(
+                        f"mix source {self.source.name!r} yields no samples in this slot; give it at least "
+                        f"one shard per slot (fewer slots, or more shards)"
+                    ) from None
+                self.pass_index += 1
+                self.taken_in_pass = 0
+                self._it = None
+                continue
+            self.taken_in_pass += 1
+            self.taken += 1
+            return item
+
+    def state_dict(self) -> dict[str, Any]:
+        """Pass, counts and the inner iterator's state."""
+        inner = self.source.state(self._it) if self._it is not None else self._inner_state
+        return {
+            "pass": self.pass_index,
+            "taken_in_pass": self.taken_in_pass,
+            "taken": self.taken,
+            "inner": inner,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict`)."""
+        self.pass_index = int(state["pass"])
+        self.taken_in_pass = int(state["taken_in_pass"])
+        self.taken = int(state["taken"])
+        self._inner_state = state["inner"]
+        self._it = None
+
+
+class InterleaveIterator:
+    """Samples of several pass streams in a seeded random order with exact per-source counts.
+
+    The order of the `sum(counts)` positions is a uniformly random arrangement of the counts, drawn per
+    block of `BLOCK` positions: the block's counts by a multivariate hypergeometric draw from what remains,
+    then a permutation within the block. Deterministic from (seed, epoch, slot).
+    """
+
+    def __init__(
+        self, streams: Sequence[PassStream], counts: Sequence[int], seed: int, epoch: int, slot: int
+    ):
+        self.streams = list(streams)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.total = int(self.counts.sum())
+        self._key = (seed, epoch, slot)
+        self._restart_counts()
+        self._block: np.ndarray | None = None
+        self._block_index = -1
+        self.position = 0
+
+    def _restart_counts(self) -> None:
+        self._count_rng = epoch_rng(*self._key, 1)
+        self._remaining = self.counts.copy()
+        self._blocks_drawn = 0
+
+    def _ensure_block(self, index: int) -> np.ndarray:
+        """The source order of block `index`; block counts are drawn in sequence from the counts RNG."""
+        if self._block is not None and self._block_index == index:
+            return self._block
+        if self._blocks_drawn > index:
+            self._restart_counts()
+        drawn = self._remaining
+        while self._blocks_drawn <= index:
+            size = min(BLOCK, int(self._remaining.sum()))
+            drawn = self._count_rng.multivariate_hypergeometric(self._remaining, size)
+            self._remaining = self._remaining - drawn
+            self._blocks_drawn += 1
+        order = np.repeat(np.arange(len(self.streams), dtype=np.int32), drawn)
+        epoch_rng(*self._key, 2, index).shuffle(order)
+        self._block, self._block_index = order, index
+        return order
+
+    def __iter__(self) -> InterleaveIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.position >= self.total:
+            raise StopIteration
+        index, offset = divmod(self.position, BLOCK)
+        source = int(self._ensure_block(index)[offset])
+        self.position += 1
+        return next(self.streams[source])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the epoch and each stream's state."""
+        return {"position": self.position, "streams": [s.state_dict() for s in self.streams]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state`: block counts up to the position are redrawn from the seeded RNG."""
+        if len(state["streams"]) != len(self.streams):
+            raise StateError(
+                f"mix state has {len(state['streams'])} sources but this mix has {len(self.streams)}"
+            )
+        self.position = int(state["position"])
+        for stream, sub in zip(self.streams, state["streams"], strict=True):
+            stream.load_state_dict(sub)
+
+
+class RecipeIterator:
+    """Batches with exactly `recipe[name]` samples from each source, until the main source's pass ends.
+
+    Each batch lists the sources' samples in the recipe's order. A last batch the main source cannot fill
+    is dropped (its samples are counted in the log), so every batch has the exact recipe.
+    """
+
+    def __init__(self, streams: Sequence[PassStream], recipe: Sequence[int], main: int) -> None:
+        self.streams = list(streams)
+        self.recipe = list(recipe)
+        self.main = main
+        self.batches = 0
+        self._done = False
+
+    def __iter__(self) -> RecipeIterator:
+        return self
+
+    def __next__(self) -> list[Any]:
+        if self._done:
+            raise StopIteration
+        parts: list[list[Any]] = [[] for _ in self.streams]
+        main_stream = self.streams[self.main]
+        for _ in range(self.recipe[self.main]):
+            try:
+                parts[self.main].append(next(main_stream))
+            except StopIteration:
+                self._done = True
+                if parts[self.main]:
+                    logger.debug(
+                        "recipe mix: dropped %d trailing samples of main source %r (short of a batch)",
+                        len(parts[self.main]),
+                        main_stream.source.name,
+                    )
+                raise StopIteration from None
+        for i, stream in enumerate(self.streams):
+            if i != self.main:
+                parts[i] = [next(stream) for _ in range(self.recipe[i])]
+        self.batches += 1
+        return [sample for part in parts for sample in part]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Batches yielded and each stream's state (states are taken between batches)."""
+        return {"batches": self.batches, "streams": [s.state_dict() for s in self.streams]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict`)."""
+        if len(state["streams"]) != len(self.streams):
+            raise StateError(
+                f"mix state has {len(state['streams'])} sources but this mix has {len(self.streams)}"
+            )
+        self.batches = int(state["batches"])
+        for stream, sub in zip(self.streams, state["streams"], strict=True):
+            stream.load_state_dict(sub)
