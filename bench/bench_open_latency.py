@@ -1,0 +1,154 @@
+"""Open latency: 16 client processes open a cached shard, read its header and close it, in a loop.
+
+Reports p50/p99/max of the time `DaemonClient.open` takes to yield the file (the wait a trainer feels per
+shard) and of the whole open/read-header/close cycle, plus opens per second across all processes. Target:
+p99 <= 5 ms. Two client variants run in one go: the shipped one (the lease release is sent at close and its
+answer read before the next request) and one that waits for the release answer at close, to show what
+deferring it buys. The processes saturate the machine's cores, as DataLoader workers do.
+
+    .venv/bin/python -m bench.bench_open_latency                             # 16 processes, 5 s per variant
+    .venv/bin/python -m bench.bench_open_latency --procs 4 --seconds 1       # quick
+    .venv/bin/python -m bench.bench_open_latency --profile                   # cProfile of one client
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing
+import os
+import pstats
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardcache.daemon_client import DaemonClient
+from shardcache.devservers import start_daemon
+
+HEADER = 512
+
+
+def client_loop(
+    socket: str,
+    urls: list[str],
+    seconds: float,
+    sync_release: bool,
+    start: Any,
+    out: Any,
+    profile: str | None,
+) -> None:
+    client = DaemonClient(socket, required=True)
+    for url in urls:  # connect and touch every shard before the clock starts
+        with client.open(url) as handle:
+            handle.read(HEADER)
+    profiler = cProfile.Profile() if profile else None
+    start.wait()
+    opens, cycles = [], []
+    deadline = time.perf_counter() + seconds
+    index = os.getpid()
+    if profiler:
+        profiler.enable()
+    while (now := time.perf_counter()) < deadline:
+        url = urls[index % len(urls)]
+        index += 1
+        context = client.open(url)
+        handle = context.__enter__()
+        opened = time.perf_counter()
+        handle.read(HEADER)
+        context.__exit__(None, None, None)
+        if sync_release:
+            client._transport._drain(client._transport._slot())  # wait for the release's 204 now
+        cycles.append(time.perf_counter() - now)
+        opens.append(opened - now)
+    if profiler:
+        profiler.disable()
+        assert profile is not None
+        profiler.dump_stats(profile)
+    client.close()
+    out.put((opens, cycles))
+
+
+def run_variant(
+    socket: str, urls: list[str], procs: int, seconds: float, sync_release: bool, profile: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(procs + 1)
+    out = context.Queue()
+    workers = [
+        context.Process(
+            target=client_loop,
+            args=(socket, urls, seconds, sync_release, start, out, profile if i == 0 else None),
+        )
+        for i in range(procs)
+    ]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    results = [out.get(timeout=seconds + 120) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+    opens = np.concatenate([np.asarray(r[0]) for r in results]) * 1e3
+    cycles = np.concatenate([np.asarray(r[1]) for r in results]) * 1e3
+    return opens, cycles
+
+
+def describe(name: str, values: np.ndarray) -> str:
+    p50, p99 = np.percentile(values, [50, 99])
+    return f"{name:<26} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {values.max():7.2f} ms"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Open latency under concurrent client processes.")
+    parser.add_argument("--procs", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--shard-kib", type=int, default=1024)
+    parser.add_argument("--daemon-args", default="", help="extra shardcached flags, space-separated")
+    parser.add_argument("--profile", action="store_true", help="cProfile one client process per variant")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="scopen-", dir="/tmp"))
+    daemon = None
+    try:
+        source = work / "src"
+        source.mkdir()
+        urls = []
+        for i in range(args.shards):
+            path = source / f"shard_{i:04d}.tar"
+            path.write_bytes(os.urandom(args.shard_kib * 1024))
+            urls.append(str(path))
+        daemon = start_daemon(
+            work / "d.sock",
+            work / "cache",
+            [str(source)],
+            capacity="1GiB",
+            extra_args=args.daemon_args.split(),
+        )
+        with DaemonClient(daemon.socket, required=True) as client:  # warm every shard
+            for url in urls:
+                with client.open(url):
+                    pass
+        print(
+            f"open latency: {args.procs} client processes on {os.cpu_count()} cores, {args.shards} cached "
+            f"shards, {args.seconds:g} s per variant"
+        )
+        for label, sync_release in (("deferred release", False), ("synchronous release", True)):
+            profile = str(work / f"profile-{int(sync_release)}.out") if args.profile else None
+            opens, cycles = run_variant(daemon.socket, urls, args.procs, args.seconds, sync_release, profile)
+            print(f"[{label}] {len(opens) / args.seconds:,.0f} opens/s")
+            print("  " + describe("open (until file yielded)", opens))
+            print("  " + describe("open + header + close", cycles))
+            if profile:
+                pstats.Stats(profile).sort_stats("cumulative").print_stats(18)
+        print("target: p99 of open <= 5 ms")
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
