@@ -1,0 +1,91 @@
+"""The Dockerfile's invariants, read from the file (Docker cannot run on the test machines)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from deploy_files import DOCS, REPO
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined and comments dropped."""
+    lines = [line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    logical = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    result = []
+    for line in logical.splitlines():
+        if line.strip():
+            instruction, _, args = line.strip().partition(" ")
+            result.append((instruction.upper(), args.strip()))
+    return result
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    instructions = _instructions()
+    last_from = max(i for i, (name, _) in enumerate(instructions) if name == "FROM")
+    return instructions[last_from:]
+
+
+def _args(stage: list[tuple[str, str]], name: str) -> list[str]:
+    return [args for instruction, args in stage if instruction == name]
+
+
+def _env(stage: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=(\S+)", " ".join(_args(stage, "ENV"))))
+
+
+def test_every_stage_is_python_311_slim() -> None:
+    bases = [args.split()[0] for name, args in _instructions() if name == "FROM"]
+    assert bases and all(base == "python:3.11-slim" for base in bases)
+
+
+def test_final_stage_runs_as_a_non_root_user() -> None:
+    (user,) = _args(_final_stage(), "USER")
+    assert user.split(":")[0] not in {"root", "0"}
+
+
+def test_installs_only_the_daemon_extras() -> None:
+    installs = [args for name, args in _instructions() if name == "RUN" and "pip install" in args]
+    assert len(installs) == 1
+    assert re.findall(r"\.\[([^\]]*)\]", installs[0]) == ["daemon"]
+
+
+def test_healthcheck_asks_health_on_the_metrics_port() -> None:
+    stage = _final_stage()
+    (healthcheck,) = _args(stage, "HEALTHCHECK")
+    port = _env(stage)["SHARDCACHE_METRICS_ADDR"].rpartition(":")[2]
+    assert f"127.0.0.1:{port}/v1/health" in healthcheck
+    assert _args(stage, "EXPOSE") == [port]
+
+
+def test_socket_directory_and_cache_are_volumes_matching_the_settings() -> None:
+    stage = _final_stage()
+    (volume,) = _args(stage, "VOLUME")
+    volumes = set(json.loads(volume))
+    env = _env(stage)
+    assert env["SHARDCACHE_SOCKET"].rpartition("/")[0] in volumes
+    assert env["SHARDCACHE_CACHE_DIR"] in volumes
+
+
+def test_entrypoint_is_the_daemon() -> None:
+    (entrypoint,) = _args(_final_stage(), "ENTRYPOINT")
+    assert json.loads(entrypoint) == ["shardcached"]
+
+
+def test_dockerignore_keeps_the_virtualenv_and_git_out() -> None:
+    patterns = (REPO / ".dockerignore").read_text().splitlines()
+    assert patterns[patterns.index("*") + 1 :], "deny-all must be followed by the few paths the build needs"
+    assert not any(p.startswith("!") and (".venv" in p or ".git" in p) for p in patterns)
+
+
+def test_deploy_guide_shows_docker_run_for_daemon_and_trainer() -> None:
+    guide = (DOCS / "deploy.md").read_text()
+    commands = re.sub(r"\\\n\s*", " ", guide).splitlines()
+    runs = [line for line in commands if line.startswith("docker run")]
+    daemon = [run for run in runs if "shardcache:0.1.0" in run]
+    trainer = [run for run in runs if "--name trainer" in run]
+    assert daemon and "-v shardcache-run:/run/shardcache" in daemon[0]
+    assert trainer and "SHARDCACHE_SOCKET=/run/shardcache/shardcache.sock" in trainer[0]
+    assert "-v shardcache-run:/run/shardcache" in trainer[0]
