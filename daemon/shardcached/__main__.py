@@ -1,0 +1,119 @@
+"""`shardcached` / `python -m shardcached`: parse flags, build the settings, run the servers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from shardcached import __version__
+from shardcached.config import PRODUCTION_CACHE_DIR, load_settings
+
+_EPILOG = """\
+Precedence: flags, then SHARDCACHE_* environment variables (SHARDCACHE_CAPACITY, SHARDCACHE_ALLOW as a
+JSON list or comma-separated, ...), then the TOML file given by --config (keys as the long flags with
+underscores: cache_dir, capacity, allow = [...]). S3 endpoint, region and credentials come from the standard
+AWS environment and config (AWS_ENDPOINT_URL_S3, AWS_PROFILE, instance roles).
+
+Example:
+  shardcached --cache-dir /nvme/shardcache --capacity 90% --allow s3://datasets/train --allow /data
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardcached",
+        description="Node-local shard cache daemon: keeps whole dataset shards on local disk, fetches them "
+        "ahead of use in the order trainers announce, and exports Prometheus metrics.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,  # unset flags must not override env or TOML
+    )
+    add = parser.add_argument
+    add("--version", action="version", version=f"shardcached {__version__}")
+    add("--config", metavar="FILE", help="TOML file with settings (lowest precedence)")
+    add("--cache-dir", metavar="DIR", help=f"where shards are kept (default {PRODUCTION_CACHE_DIR})")
+    add(
+        "--capacity",
+        metavar="SIZE",
+        help="bytes (500GiB, 2TB, 4096) or a share of the cache filesystem (90%%); default 90%%",
+    )
+    add(
+        "--socket",
+        metavar="PATH",
+        help="Unix socket of the API (default /run/shardcache/shardcache.sock "
+        "as root, $XDG_RUNTIME_DIR/shardcache.sock otherwise, or $SHARDCACHE_SOCKET)",
+    )
+    add(
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        help="listener for /metrics and /v1/health (default 127.0.0.1:9464)",
+    )
+    add(
+        "--allow",
+        metavar="PREFIX",
+        action="append",
+        help="URL prefix shards may come from, e.g. "
+        "s3://bucket/prefix or /data (repeatable; nothing is allowed by default)",
+    )
+    add("--prefetch-depth", type=int, metavar="N", help="shards prefetched ahead of each plan (default 2)")
+    add("--max-fetches", type=int, metavar="N", help="concurrent downloads (default 4)")
+    add("--policy", choices=["belady", "lru"], help="eviction policy (default belady; lru is the baseline)")
+    add("--retries", type=int, metavar="N", help="retries of transient remote errors (default 4)")
+    add(
+        "--retry-backoff-s",
+        type=float,
+        metavar="S",
+        help="first retry backoff, doubled each time with jitter (default 0.2)",
+    )
+    add("--connect-timeout-s", type=float, metavar="S", help="remote connect timeout (default 10)")
+    add("--read-timeout-s", type=float, metavar="S", help="remote read timeout (default 60)")
+    add("--lease-ttl-s", type=float, metavar="S", help="lease lifetime if never released (default 300)")
+    add(
+        "--plan-stale-s", type=float, metavar="S", help="drop plans with no opens for this long (default 600)"
+    )
+    add(
+        "--evict-wait-s",
+        type=float,
+        metavar="S",
+        help="how long an open waits for leased space before 507 (default 10)",
+    )
+    add(
+        "--revalidate-after-s",
+        type=float,
+        metavar="S",
+        help="re-check the remote version of a cached shard older than this on open; 0 never (default 3600)",
+    )
+    add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `shardcached` console script."""
+    args: dict[str, Any] = vars(build_parser().parse_args(argv))
+    config_file = args.pop("config", None)
+    try:
+        settings = load_settings(args, config_file)
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        print(f"shardcached: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvloop
+
+    from shardcached.server import serve
+
+    try:
+        return uvloop.run(serve(settings))
+    except (RuntimeError, OSError, ValueError) as exc:
+        logging.getLogger("shardcached").error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Routes of HTTP API v1 (DESIGN.md's table), served on the Unix socket.
+
+Handlers are thin: validate with the shared wire models, call the service, shape the answer. The open
+route builds its JSON answer directly, because it is the hot path.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
+
+from shardcache.protocol import (
+    MAX_URL_LENGTH,
+    Health,
+    OpenRequest,
+    PlanRequest,
+    PlanResponse,
+    PrefetchRequest,
+    ReleaseRequest,
+    ShardInfo,
+    ShardList,
+    Stats,
+)
+from shardcached import __version__
+from shardcached.errors import NotFound
+from shardcached.service import ShardService
+
+_JSON = "application/json"
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+UrlQuery = Annotated[str, Query(min_length=1, max_length=MAX_URL_LENGTH, description="shard URL")]
+
+
+def _range_length(header: str | None, size: int) -> int:
+    """Bytes a single-range request will be sent (for the served-bytes counter); the full size otherwise."""
+    match = _RANGE.match(header.strip()) if header else None
+    if match is None:
+        return size
+    first, last = match.groups()
+    if not first:
+        return min(int(last or 0), size)
+    end = min(int(last), size - 1) if last else size - 1
+    return max(0, end - int(first) + 1)
+
+
+def build_router(service: ShardService, policy: str) -> APIRouter:
+    """The v1 routes, bound to one service."""
+    router = APIRouter(prefix="/v1")
+    planner = service.planner
+    store = service.store
+
+    @router.get("/health")
+    async def health() -> Health:
+        return Health(status="ok", version=__version__)
+
+    @router.post("/shards/open")
+    async def open_shard(body: OpenRequest) -> Response:
+        answer = await service.open(body.url, body.size, body.checksum, body.plan)
+        return Response(answer.model_dump_json(), media_type=_JSON)
+
+    @router.post("/shards/release", status_code=status.HTTP_204_NO_CONTENT)
+    async def release(body: ReleaseRequest) -> Response:
+        if not service.release(body.lease):
+            raise NotFound(
+                f"lease {body.lease} is unknown or expired; open the shard again", code="unknown_lease"
+            )
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+    @router.get("/shards/data")
+    async def shard_data(request: Request, url: UrlQuery) -> FileResponse:
+        entry, lease = await service.lease_for_stream(url)
+        service.count_served("stream", _range_length(request.headers.get("range"), entry.size))
+        return FileResponse(
+            entry.path,
+            media_type="application/octet-stream",
+            background=BackgroundTask(service.release, lease),
+        )
+
+    @router.post("/plans")
+    async def add_plan(body: PlanRequest) -> PlanResponse:
+        urls = [service.allow.check(url) for url in body.urls]
+        plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
+        service.wake_prefetcher()
+        return PlanResponse(plan=plan_id)
+
+    @router.get("/plans")
+    async def list_plans() -> list[dict[str, object]]:
+        return planner.describe()
+
+    @router.delete("/plans/{plan_id}", status_code=status.HTTP_204_NO_CONTENT)
+    async def delete_plan(plan_id: str) -> Response:
+        if not planner.delete_plan(plan_id):
+            raise NotFound(f"plan {plan_id} is unknown (deleted, or dropped as stale)", code="unknown_plan")
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+    @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED)
+    async def prefetch(body: PrefetchRequest) -> dict[str, list[str]]:
+        return {"urls": service.warm(body.urls)}
+
+    @router.get("/shards")
+    async def list_shards() -> ShardList:
+        return ShardList(
+            shards=[
+                ShardInfo(
+                    url=url,
+                    size=entry.size,
+                    last_use=entry.last_use,
+                    next_use=planner.next_use(url),
+                    pinned=entry.leases > 0,
+                )
+                for url, entry in store.by_url.items()
+            ]
+        )
+
+    @router.delete("/shards", status_code=status.HTTP_204_NO_CONTENT)
+    async def evict(url: UrlQuery) -> Response:
+        service.evict(url)
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+    @router.get("/stats")
+    async def stats() -> Stats:
+        opens = service.hits + service.misses
+        return Stats(
+            capacity=store.capacity,
+            used=store.used,
+            resident_shards=len(store.by_url),
+            hits=service.hits,
+            misses=service.misses,
+            hit_ratio=service.hits / opens if opens else 0.0,
+            bytes_fetched=service.bytes_fetched,
+            bytes_served=service.bytes_served,
+            evictions=service.evictions,
+            fetches_in_flight=service.inflight,
+            plans=planner.plan_count,
+            policy=policy,
+        )
+
+    return router

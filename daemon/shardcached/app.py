@@ -1,0 +1,124 @@
+"""Assembly of the daemon's two ASGI apps: the API (Unix socket) and the metrics listener (TCP)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import Route
+
+from shardcache.protocol import Health
+from shardcached import __version__
+from shardcached.api import build_router
+from shardcached.config import Settings
+from shardcached.errors import DaemonError
+from shardcached.fetcher import Fetcher
+from shardcached.keys import AllowList
+from shardcached.metrics import Metrics, StateReaders
+from shardcached.planner import Planner
+from shardcached.service import ShardService
+from shardcached.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+def _error(status: int, code: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status)
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) + "; see the API table in DESIGN.md"
+
+
+def create_app(settings: Settings, store: Store, planner: Planner, registry: CollectorRegistry) -> FastAPI:
+    """The API app; its lifespan starts and stops the service (prefetcher, housekeeping, downloads).
+
+    The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown).
+    """
+    metrics = Metrics(registry)
+    fetcher = Fetcher(
+        retries=settings.retries,
+        backoff_s=settings.retry_backoff_s,
+        backoff_max_s=settings.retry_backoff_max_s,
+        chunk_bytes=settings.chunk_bytes,
+        connect_timeout_s=settings.connect_timeout_s,
+        read_timeout_s=settings.read_timeout_s,
+        on_error=lambda kind: metrics.fetch_errors.labels(kind).inc(),
+    )
+    service = ShardService(
+        store,
+        planner,
+        fetcher,
+        AllowList(settings.allow),
+        metrics,
+        max_fetches=settings.max_fetches,
+        evict_wait_s=settings.evict_wait_s,
+        revalidate_after_s=settings.revalidate_after_s,
+    )
+    metrics.bind_state(
+        StateReaders(
+            resident_bytes=lambda: store.resident_bytes,
+            capacity_bytes=lambda: store.capacity,
+            resident_shards=lambda: len(store.by_url),
+            inflight_fetches=lambda: service.inflight,
+            plans=lambda: planner.plan_count,
+        )
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.trim()
+        service.start()
+        yield
+        await service.stop()
+
+    app = FastAPI(
+        title="shardcached",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.service = service
+    app.include_router(build_router(service, settings.policy))
+
+    # One handler maps every domain error to its status; the others give framework errors the same shape.
+    @app.exception_handler(DaemonError)
+    async def daemon_error(request: Request, exc: DaemonError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, "invalid_request", _validation_detail(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(
+            exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail)
+        )
+
+    return app
+
+
+def create_metrics_app(registry: CollectorRegistry) -> Starlette:
+    """The TCP listener's app: `GET /metrics` and `GET /v1/health` only; the data API is not served here."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def health(request: Request) -> Response:
+        return Response(Health(version=__version__).model_dump_json(), media_type="application/json")
+
+    return Starlette(routes=[Route("/metrics", metrics), Route("/v1/health", health)])

@@ -1,0 +1,178 @@
+"""The daemon's one settings object: flags over `SHARDCACHE_*` environment over a TOML file.
+
+Built once at start-up (`load_settings`) and passed down; nothing reads the environment later.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from shardcache.protocol import DEFAULT_METRICS_ADDR, default_socket_path
+
+PRODUCTION_CACHE_DIR = "/var/cache/shardcache"
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `'500GiB'`, `'1.5 GB'`, `'4096'`.
+
+    Raises:
+        ValueError: the text is not a size; the message lists the accepted forms.
+    """
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"invalid size {text!r}: use bytes (4096), a unit (500GiB, 2TB, 64MiB) or a share of the "
+            f"cache filesystem (90%)"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_capacity(text: str, cache_dir: str | Path) -> int:
+    """Capacity in bytes: a size, or a percentage of the filesystem that holds `cache_dir`.
+
+    Raises:
+        ValueError: malformed text, a share outside (0, 100], or a capacity of zero.
+    """
+    share = _SHARE.match(text)
+    if share is not None:
+        percent = float(share.group(1))
+        if not 0 < percent <= 100:
+            raise ValueError(f"invalid capacity {text!r}: a share must lie in (0%, 100%]")
+        stat = os.statvfs(cache_dir)
+        return int(stat.f_blocks * stat.f_frsize * percent / 100)
+    size = parse_size(text)
+    if size <= 0:
+        raise ValueError(f"invalid capacity {text!r}: must be larger than zero")
+    return size
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """`('127.0.0.1', 9464)` from `'127.0.0.1:9464'` (IPv6 as `[::1]:9464`)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"invalid address {text!r}: use HOST:PORT, e.g. 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
+
+
+class Settings(BaseSettings):
+    """Everything the daemon is configured with (see `shardcached --help`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDCACHE_", frozen=True, extra="forbid")
+
+    cache_dir: Path = Field(default=Path(PRODUCTION_CACHE_DIR), description="where shards are kept")
+    capacity: str = Field(default="90%", description="bytes (500GiB) or share of the cache filesystem (90%)")
+    socket: str = Field(default_factory=default_socket_path, description="Unix socket of the API")
+    metrics_addr: str = Field(
+        default=DEFAULT_METRICS_ADDR, description="HOST:PORT of /metrics and /v1/health"
+    )
+    allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="allowed URL prefixes")
+    prefetch_depth: int = Field(default=2, ge=0, description="shards prefetched ahead of each plan's cursor")
+    max_fetches: int = Field(default=4, ge=1, description="concurrent downloads")
+    policy: Literal["belady", "lru"] = "belady"
+    retries: int = Field(default=4, ge=0, description="retries of a transient remote error")
+    retry_backoff_s: float = Field(default=0.2, gt=0, description="first backoff; doubles, with jitter")
+    retry_backoff_max_s: float = Field(default=5.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=60.0, gt=0)
+    lease_ttl_s: float = Field(default=300.0, gt=0, description="a lease not released by then expires")
+    plan_stale_s: float = Field(
+        default=600.0, gt=0, description="a plan with no opens for this long is dropped"
+    )
+    evict_wait_s: float = Field(default=10.0, ge=0, description="how long an open waits for leases to end")
+    revalidate_after_s: float = Field(
+        default=3600.0, ge=0, description="re-check the remote version of a hit older than this (0: never)"
+    )
+    chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, description="download chunk size")
+    log_level: str = Field(default="INFO")
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _split_allow(cls, value: Any) -> Any:
+        # SHARDCACHE_ALLOW may be a JSON list or comma-separated prefixes.
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("capacity")
+    @classmethod
+    def _check_capacity(cls, value: str) -> str:
+        if not _SHARE.match(value):
+            parse_size(value)
+        return value
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _check_addr(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+    def capacity_bytes(self) -> int:
+        """The capacity in bytes (a share is resolved against the cache filesystem, which must exist)."""
+        return parse_capacity(self.capacity, self.cache_dir)
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None) -> Settings:
+    """Settings from `overrides` (flags) over `SHARDCACHE_*` env over the TOML `config_file`.
+
+    Raises:
+        pydantic.ValidationError: a value is invalid (the message names the field).
+        FileNotFoundError: `config_file` does not exist.
+    """
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config file {config_file} does not exist")
+    toml_file = config_file
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if toml_file is not None:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+            return tuple(sources)
+
+    layered = _Layered(**(overrides or {}))
+    return Settings.model_validate(layered.model_dump())

@@ -1,0 +1,138 @@
+"""URL canonicalisation, the allow-list and cache keys.
+
+Every URL a request names is reduced to one canonical string before anything else looks at it, and the
+allow-list is checked on that string only, so the check and the fetch see the same object:
+
+- local paths and `file://` URLs become absolute paths resolved with `realpath` (`..`, symlinks and, for
+  `file://`, percent-encoding cannot lead outside an allowed directory);
+- `s3://`, `gs://`, `http(s)://` and other URLs are percent-decoded once, `.`/`..` segments are folded,
+  scheme and host are lower-cased; for http(s) the path is re-quoted and default ports dropped.
+
+Prefixes match on path-segment boundaries: `/data` allows `/data/x` but not `/data2/x`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+from collections.abc import Iterable
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from shardcached.errors import BadRequest, NotAllowed
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_SUFFIX = re.compile(r"(\.[A-Za-z0-9]{1,12}){1,2}$")
+
+
+def canonicalize(url: str) -> str:
+    """The canonical form of a shard URL or local path.
+
+    Raises:
+        BadRequest: the URL is empty, holds control characters, or has no usable path.
+
+    >>> canonicalize("S3://Bucket/a/./b/../c.tar")
+    's3://bucket/a/c.tar'
+    """
+    if not url or _CONTROL.search(url):
+        raise BadRequest(f"invalid shard URL {url!r}: empty or contains control characters", code="bad_url")
+    match = _SCHEME.match(url)
+    if match is None:
+        return _local(url, url)
+    scheme = match.group(1).lower()
+    if scheme in ("file", "local"):
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise BadRequest(f"invalid file URL {url!r}: only local files (file:///path) are supported")
+        return _local(unquote(parts.path), url)
+    parts = urlsplit(url)
+    decoded = unquote(parts.path)
+    if _CONTROL.search(decoded):
+        raise BadRequest(f"invalid shard URL {url!r}: the path decodes to control characters", code="bad_url")
+    path = _fold(decoded)
+    if scheme in ("http", "https"):
+        host = (parts.hostname or "").lower()
+        if not host:
+            raise BadRequest(f"invalid shard URL {url!r}: no host", code="bad_url")
+        netloc = host if parts.port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{parts.port}"
+        if parts.username:
+            raise BadRequest(
+                f"invalid shard URL {url!r}: credentials in URLs are not accepted", code="bad_url"
+            )
+        return str(urlunsplit((scheme, netloc, quote(path, safe="/-._~!$&'()*+,;=:@"), parts.query, "")))
+    bucket = parts.netloc.lower()
+    if not bucket:
+        raise BadRequest(f"invalid shard URL {url!r}: no bucket", code="bad_url")
+    return f"{scheme}://{bucket}{path}"
+
+
+def _fold(path: str) -> str:
+    """Fold `.` and `..` segments of a URL path; `..` never climbs above the root (the bucket)."""
+    folded = posixpath.normpath("/" + path)
+    folded = "/" + folded.lstrip("/")  # normpath keeps a leading '//'
+    if path.endswith("/") and folded != "/":
+        folded += "/"
+    return folded
+
+
+def _local(path: str, original: str) -> str:
+    if not path:
+        raise BadRequest(f"invalid local path {original!r}: empty", code="bad_url")
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def is_local(canonical: str) -> bool:
+    """Whether a canonical URL names a local file (canonical local URLs are absolute paths)."""
+    return canonical.startswith("/")
+
+
+class AllowList:
+    """Prefixes a URL must fall under (on canonical forms, at path-segment boundaries).
+
+    >>> AllowList(["s3://bucket/pre"]).allows("s3://bucket/pre/x.tar")
+    True
+    >>> AllowList(["s3://bucket/pre"]).allows("s3://bucket/prefix/x.tar")
+    False
+    """
+
+    def __init__(self, prefixes: Iterable[str]) -> None:
+        self.prefixes = tuple(sorted({canonicalize(p).rstrip("/") or "/" for p in prefixes}))
+
+    def allows(self, canonical: str) -> bool:
+        for prefix in self.prefixes:
+            if canonical == prefix or prefix == "/" and is_local(canonical):
+                return True
+            if canonical.startswith(prefix + "/"):
+                return True
+        return False
+
+    def check(self, url: str) -> str:
+        """Canonicalise `url` and return it if allowed.
+
+        Raises:
+            BadRequest: the URL is malformed.
+            NotAllowed: the canonical URL is outside every allowed prefix.
+        """
+        canonical = canonicalize(url)
+        if not self.allows(canonical):
+            shown = url if canonical == url else f"{url} (canonical form {canonical})"
+            raise NotAllowed(
+                f"{shown} is outside the daemon's allow-list {list(self.prefixes) or '[]'}; "
+                f"start shardcached with --allow PREFIX to permit it"
+            )
+        return canonical
+
+
+def cache_key(canonical: str, version: str) -> str:
+    """The store's name for one version of one shard: sha256 of the canonical URL and remote version."""
+    return hashlib.sha256(f"{canonical}\0{version}".encode()).hexdigest()
+
+
+def file_suffix(canonical: str) -> str:
+    """The URL's extension (e.g. `.tar`, `.tar.gz`), kept on cached files so readers can sniff formats."""
+    name = canonical.rsplit("/", 1)[-1].split("?", 1)[0]
+    match = _SUFFIX.search(name)
+    return match.group(0) if match and match.start() > 0 else ""

@@ -1,0 +1,85 @@
+"""Prometheus metrics of the daemon, on an injected `CollectorRegistry` (no global registry).
+
+Gauges of the cache's state are read at scrape time from callbacks, so the hot path only bumps counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# An open waits from microseconds (hit) to minutes (a 2 GB miss on a slow remote).
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True)
+class StateReaders:
+    """Callbacks that read the cache's current state for the gauges."""
+
+    resident_bytes: Callable[[], float]
+    capacity_bytes: Callable[[], float]
+    resident_shards: Callable[[], float]
+    inflight_fetches: Callable[[], float]
+    plans: Callable[[], float]
+
+
+class Metrics:
+    """Every metric named in DESIGN.md, registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter("shardcache_requests", "Shard opens by result", ["result"], registry=registry)
+        for result in ("hit", "inflight", "miss"):
+            self.requests.labels(result)
+        self.open_wait = Histogram(
+            "shardcache_open_wait_seconds",
+            "How long an open waited for its shard to be local",
+            buckets=_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.fetched_bytes = Counter(
+            "shardcache_fetched_bytes", "Bytes downloaded from remotes", registry=registry
+        )
+        self.served_bytes = Counter(
+            "shardcache_served_bytes", "Bytes handed to clients", ["mode"], registry=registry
+        )
+        for mode in ("path", "stream"):
+            self.served_bytes.labels(mode)
+        self.fetch_seconds = Histogram(
+            "shardcache_fetch_seconds",
+            "Duration of completed downloads",
+            buckets=_FETCH_BUCKETS,
+            registry=registry,
+        )
+        self.fetch_errors = Counter(
+            "shardcache_fetch_errors", "Failed download attempts by kind", ["kind"], registry=registry
+        )
+        self.evictions = Counter(
+            "shardcache_evictions", "Shards removed from the cache by reason", ["reason"], registry=registry
+        )
+        self.prefetched = Counter(
+            "shardcache_prefetched_shards",
+            "Prefetched shards by outcome: opened before eviction or evicted unused",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("used", "evicted_unused"):
+            self.prefetched.labels(outcome)
+        self._gauges: dict[str, Gauge] = {}
+
+    def bind_state(self, readers: StateReaders) -> None:
+        """Register the state gauges, read through `readers` at scrape time."""
+        specs = {
+            "shardcache_resident_bytes": ("Bytes of shards in the cache", readers.resident_bytes),
+            "shardcache_capacity_bytes": ("Configured cache capacity", readers.capacity_bytes),
+            "shardcache_resident_shards": ("Shards in the cache", readers.resident_shards),
+            "shardcache_inflight_fetches": ("Downloads in progress", readers.inflight_fetches),
+            "shardcache_plans": ("Plans the daemon holds", readers.plans),
+        }
+        for name, (doc, read) in specs.items():
+            gauge = Gauge(name, doc, registry=self.registry)
+            gauge.set_function(read)
+            self._gauges[name] = gauge

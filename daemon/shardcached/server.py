@@ -1,0 +1,148 @@
+"""Run the daemon: the API on a Unix socket and the metrics listener on TCP, two uvicorn servers, one loop.
+
+The Unix socket is created here, not by uvicorn (which leaves new sockets 0o666): it is bound under a
+umask that grants nothing to other users and chmod-ed 0o660, so only the daemon's user and group can
+connect. SIGTERM/SIGINT stop both listeners, tell downloads to stop (they remove their temp files), wait
+for them, remove the socket and return 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from shardcached.app import create_app, create_metrics_app
+from shardcached.config import Settings, parse_host_port
+from shardcached.planner import Planner
+from shardcached.store import Store
+
+logger = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+SOCKET_DIR_MODE = 0o750
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to `serve` (two servers share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening-ready AF_UNIX socket at `path` that other users cannot connect to.
+
+    Raises:
+        RuntimeError: another process already listens on `path`, or `path` is not a socket.
+    """
+    target = Path(path)
+    if len(os.fsencode(path)) > 100:
+        raise RuntimeError(f"socket path {path} is longer than 100 bytes; choose a shorter --socket")
+    if not target.parent.exists():
+        target.parent.mkdir(parents=True, mode=SOCKET_DIR_MODE)
+    if target.exists() or target.is_symlink():
+        if not stat.S_ISSOCK(target.lstat().st_mode):
+            raise RuntimeError(f"{path} exists and is not a socket; remove it or choose another --socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise
+            target.unlink(missing_ok=True)  # left by a daemon that died
+        else:
+            raise RuntimeError(f"another shardcached already listens on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o117)  # the socket is never, even briefly, open to other users
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, SOCKET_MODE)
+    return sock
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def bind_tcp(address: str) -> socket.socket:
+    host, port = parse_host_port(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _uvicorn_config(app: object, graceful_s: float) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        http="httptools",
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(graceful_s),
+        timeout_keep_alive=60,
+    )
+
+
+async def serve(settings: Settings) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit status."""
+    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.cache_dir, settings.capacity_bytes(), settings.lease_ttl_s)
+    store.recover()
+    planner = Planner(settings.policy, settings.prefetch_depth, settings.plan_stale_s)
+    registry = CollectorRegistry()
+    app = create_app(settings, store, planner, registry)
+    api_socket = bind_unix_socket(settings.socket)
+    try:
+        metrics_socket = bind_tcp(settings.metrics_addr)
+    except BaseException:
+        api_socket.close()
+        _remove(settings.socket)
+        raise
+    api = _Server(_uvicorn_config(app, 10))
+    metrics = _Server(_uvicorn_config(create_metrics_app(registry), 2))
+    metrics.config.lifespan = "off"
+
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        logger.info("received %s: shutting down", signal.Signals(signum).name)
+        app.state.service.begin_shutdown()
+        api.should_exit = metrics.should_exit = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    logger.info(
+        "shardcached %s: socket %s, metrics http://%s/metrics, cache %s (%d bytes), allow %s",
+        app.version,
+        settings.socket,
+        settings.metrics_addr,
+        settings.cache_dir,
+        store.capacity,
+        settings.allow,
+    )
+    try:
+        await asyncio.gather(api.serve(sockets=[api_socket]), metrics.serve(sockets=[metrics_socket]))
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        _remove(settings.socket)
+    return 0 if api.started else 1

@@ -1,0 +1,395 @@
+"""The cache's behaviour: opens (hit, join an in-flight fetch, or fetch), eviction, prefetch and warming.
+
+Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. One
+asyncio future per URL in flight gives single flight: every open of a shard that is being fetched awaits
+the same download. Space is reserved before a download starts, evicting what the planner chooses, so the
+capacity holds with downloads in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from shardcache.protocol import OpenResponse
+from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, ShuttingDown
+from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.keys import AllowList, cache_key, file_suffix
+from shardcached.metrics import Metrics
+from shardcached.planner import Planner
+from shardcached.store import Entry, Store
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_INFO_TTL_S = 60.0  # how long a prefetch that found no room reuses the remote info it fetched
+
+
+class _NoRoom(Exception):
+    """A prefetch found no space it may take; it waits for the next change."""
+
+
+class ShardService:
+    """Everything the API does with shards; owns the store, the fetcher and the planner's events."""
+
+    def __init__(
+        self,
+        store: Store,
+        planner: Planner,
+        fetcher: Fetcher,
+        allow: AllowList,
+        metrics: Metrics,
+        *,
+        max_fetches: int = 4,
+        evict_wait_s: float = 10.0,
+        revalidate_after_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.planner = planner
+        self.fetcher = fetcher
+        self.allow = allow
+        self.metrics = metrics
+        self.max_fetches = max_fetches
+        self.evict_wait_s = evict_wait_s
+        self.revalidate_after_s = revalidate_after_s
+        self._clock = clock
+        self._inflight: dict[str, asyncio.Future[Entry]] = {}
+        self._infos: dict[str, tuple[float, RemoteInfo]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._cancel = threading.Event()
+        self._changed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
+        self._closing = False
+        self._loops: list[asyncio.Task[Any]] = []
+        self.hits = self.misses = self.bytes_fetched = self.bytes_served = self.evictions = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the prefetcher and the housekeeping loop (call from the running loop)."""
+        self._loops = [self._spawn(self._prefetch_loop()), self._spawn(self._housekeeping_loop())]
+
+    async def stop(self, deadline_s: float = 20.0) -> None:
+        """Stop fetching: downloads notice the cancel flag within one chunk and remove their temp files."""
+        self.begin_shutdown()
+        for loop_task in self._loops:
+            loop_task.cancel()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=deadline_s)
+        for task in pending:
+            task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _notify(self) -> None:
+        """Space or leases changed: wake opens waiting for room, and the prefetcher."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+        self._wake.set()
+
+    def wake_prefetcher(self) -> None:
+        """Plans changed: look for shards to prefetch."""
+        self._wake.set()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new opens and tell downloads to stop; `stop` then waits for them."""
+        self._closing = True
+        self._cancel.set()
+        self._notify()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # -- opens ------------------------------------------------------------------------------------------
+    async def open(
+        self, url: str, size: int | None = None, checksum: str | None = None, plan: str | None = None
+    ) -> OpenResponse:
+        """Make the shard local, lease it and say where it is (the API's `POST /v1/shards/open`)."""
+        started = time.perf_counter()
+        canonical = self.allow.check(url)
+        entry, result = await self._acquire(canonical, size, checksum)
+        self.planner.record_open(canonical, plan)
+        lease = self.store.lease(entry)
+        self._note_use(entry, result, "path", entry.size)
+        self.metrics.open_wait.observe(time.perf_counter() - started)
+        return OpenResponse(
+            url=canonical, path=str(entry.path), size=entry.size, lease=lease, hit=result == "hit"
+        )
+
+    async def lease_for_stream(self, url: str) -> tuple[Entry, str]:
+        """Make the shard local and lease it while its bytes are streamed (`GET /v1/shards/data`)."""
+        canonical = self.allow.check(url)
+        entry, result = await self._acquire(canonical, None, None)
+        self.planner.record_open(canonical, None)
+        lease = self.store.lease(entry)
+        self._note_use(entry, result, None, 0)
+        return entry, lease
+
+    def _note_use(self, entry: Entry, result: str, mode: str | None, served: int) -> None:
+        if result == "hit":
+            self.hits += 1
+        else:
+            self.misses += 1
+        self.metrics.requests.labels(result).inc()
+        if mode is not None:
+            self.count_served(mode, served)
+        if entry.prefetched and not entry.used:
+            self.metrics.prefetched.labels("used").inc()
+        entry.used = True
+        entry.last_use = time.time()
+        self._wake.set()
+
+    def count_served(self, mode: str, nbytes: int) -> None:
+        self.bytes_served += nbytes
+        self.metrics.served_bytes.labels(mode).inc(nbytes)
+
+    async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
+        result = "hit"
+        for _ in range(8):
+            if self._closing:
+                raise ShuttingDown("the daemon is shutting down; retry shortly")
+            entry = self.store.by_url.get(url)
+            if entry is not None and await self._still_valid(entry, size):
+                return entry, result
+            future = self._inflight.get(url)
+            if future is not None:
+                result = "inflight" if result == "hit" else result
+            else:
+                result = "miss"
+                future = self._start_fetch(url, size, checksum, demand=True)
+            try:
+                entry = await asyncio.shield(future)
+            except _NoRoom:
+                continue  # we joined a prefetch that gave up; fetch on demand
+            # The fetch may have finished a while ago; make sure it is still resident before leasing.
+            if self.store.by_url.get(url) is entry:
+                return entry, result
+        raise InsufficientCapacity(
+            f"{url} was evicted repeatedly before it could be leased; the cache is thrashing"
+        )
+
+    async def _still_valid(self, entry: Entry, size: int | None) -> bool:
+        """Whether a resident shard may be served; re-checks the remote version when it is old."""
+        if size is not None and size != entry.size:
+            return False  # the fetch path re-reads the remote and reports the mismatch
+        if self.revalidate_after_s <= 0 or self._clock() - entry.validated_at <= self.revalidate_after_s:
+            return True
+        info = await self._info(entry.url, fresh=True)
+        if cache_key(entry.url, info.version) != entry.key or self.store.by_url.get(entry.url) is not entry:
+            return False
+        entry.validated_at = self._clock()
+        return True
+
+    def _start_fetch(
+        self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False
+    ) -> asyncio.Future[Entry]:
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        # Nobody may be waiting (a prefetch); retrieve the exception so asyncio does not log it as lost.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._inflight[url] = future
+
+        async def run() -> None:
+            try:
+                future.set_result(await self._fetch(url, size, checksum, demand=demand, warm=warm))
+            except BaseException as exc:  # handed to every waiter
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ShuttingDown(str(exc)))
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                self._inflight.pop(url, None)
+                if not isinstance(future.exception() if not future.cancelled() else None, _NoRoom):
+                    self._notify()
+
+        self._spawn(run())
+        return future
+
+    async def _fetch(
+        self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool
+    ) -> Entry:
+        info = await self._info(url, fresh=demand)
+        if size is not None and size != info.size:
+            self.metrics.fetch_errors.labels("size_mismatch").inc()
+            raise IntegrityError(
+                f"{url} has {info.size} bytes but the request says {size}; update the manifest",
+                code="size_mismatch",
+            )
+        key = cache_key(url, info.version)
+        current = self.store.by_url.get(url)
+        if current is not None and current.key == key:
+            current.validated_at = self._clock()
+            return current
+        revived = self.store.revive(key)
+        if revived is not None:
+            revived.validated_at = self._clock()
+            return revived
+        if current is not None:
+            self._evict(url, "stale")
+        await self._make_room(info.size, url, demand=demand)
+        entry = Entry(
+            key=key,
+            url=url,
+            version=info.version,
+            size=info.size,
+            path=self.store.cache_dir / (key + file_suffix(url)),
+            checksum=checksum,
+            validated_at=self._clock(),
+            prefetched=not demand or warm,
+        )
+        tmp = self.store.temp_path(key)
+        started = time.perf_counter()
+        try:
+            await self._blocking(
+                self.fetcher.download, url, tmp, info.size, checksum, self._cancel, self._count_fetched
+            )
+            await self._blocking(self.store.finalize, tmp, entry)
+        finally:
+            self.store.unreserve(info.size)
+        self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+        self.store.add(entry)
+        self.planner.touch(url)
+        self._infos.pop(url, None)
+        logger.info("fetched %s (%d bytes, %s)", url, info.size, "demand" if demand else "prefetch")
+        return entry
+
+    def _count_fetched(self, nbytes: int) -> None:
+        # Called from download threads; a counter increment is atomic enough for statistics.
+        self.bytes_fetched += nbytes
+        self.metrics.fetched_bytes.inc(nbytes)
+
+    async def _info(self, url: str, *, fresh: bool) -> RemoteInfo:
+        cached = self._infos.get(url)
+        if not fresh and cached is not None and self._clock() - cached[0] < _INFO_TTL_S:
+            return cached[1]
+        info = await self._blocking(self.fetcher.info, url, self._cancel)
+        self._infos[url] = (self._clock(), info)
+        return info
+
+    # -- space ------------------------------------------------------------------------------------------
+    async def _make_room(self, size: int, url: str, *, demand: bool) -> None:
+        """Evict until `size` more bytes fit, then reserve them.
+
+        Raises:
+            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
+            _NoRoom: a prefetch would have to evict something needed sooner.
+        """
+        store = self.store
+        if size > store.capacity:
+            raise InsufficientCapacity(
+                f"{url} has {size} bytes, more than the cache capacity of {store.capacity} bytes; "
+                f"raise shardcached --capacity or read it directly"
+            )
+        deadline = self._clock() + self.evict_wait_s
+        while not store.fits(size):
+            candidates = store.evictable()
+            if candidates:
+                victim = self.planner.choose_victim(candidates, None if demand else url)
+                if victim is None:
+                    raise _NoRoom(url)
+                self._evict(victim, "capacity" if demand else "prefetch")
+                continue
+            if not demand:
+                raise _NoRoom(url)
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise InsufficientCapacity(
+                    f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
+                    f"being downloaded; release leases, retry later or raise shardcached --capacity"
+                )
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        store.reserve(size)
+
+    def _evict(self, url: str, reason: str) -> Entry:
+        entry = self.store.remove(url)
+        self.planner.forget(url)
+        self.evictions += 1
+        self.metrics.evictions.labels(reason).inc()
+        if entry.prefetched and not entry.used:
+            self.metrics.prefetched.labels("evicted_unused").inc()
+        logger.info("evicted %s (%d bytes, %s)", url, entry.size, reason)
+        return entry
+
+    def evict(self, url: str) -> None:
+        """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released."""
+        self._evict(self.allow.check(url), "manual")
+        self._notify()
+
+    def trim(self) -> int:
+        """Evict until the store fits its capacity (after a restart with a smaller one); returns how many."""
+        evicted = 0
+        while self.store.used > self.store.capacity and (candidates := self.store.evictable()):
+            self._evict(self.planner.choose_victim(candidates) or candidates[0], "capacity")
+            evicted += 1
+        return evicted
+
+    def release(self, lease: str) -> bool:
+        released = self.store.release(lease)
+        self._notify()
+        return released
+
+    # -- prefetch and warming ---------------------------------------------------------------------------
+    def warm(self, urls: list[str]) -> list[str]:
+        """Fetch `urls` in the background, at most `max_fetches` at a time; returns the canonical URLs."""
+        canonical = [self.allow.check(url) for url in urls]
+        self._spawn(self._warm(canonical))
+        return canonical
+
+    async def _warm(self, urls: list[str]) -> None:
+        gate = asyncio.Semaphore(self.max_fetches)
+
+        async def one(url: str) -> None:
+            async with gate:
+                if self._closing or url in self.store.by_url:
+                    return
+                future = self._inflight.get(url) or self._start_fetch(url, None, None, demand=True, warm=True)
+                try:
+                    await asyncio.shield(future)
+                except DaemonError as exc:
+                    logger.warning("warming %s failed: %s", url, exc.detail)
+                except _NoRoom:
+                    pass
+
+        await asyncio.gather(*(one(url) for url in urls))
+
+    async def _prefetch_loop(self) -> None:
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            slots = self.max_fetches - len(self._inflight)
+            if slots <= 0:
+                continue
+            for url in self.planner.prefetch_candidates(self._resident_or_inflight, slots):
+                self._start_fetch(url, None, None, demand=False)
+
+    def _resident_or_inflight(self, url: str) -> bool:
+        return url in self.store.by_url or url in self._inflight
+
+    async def _housekeeping_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(1.0)  # periodic housekeeping, not a readiness wait
+            if self.store.expire_leases() or self.planner.expire_stale():
+                self._notify()
+            now = self._clock()
+            for url in [u for u, (at, _) in self._infos.items() if now - at > _INFO_TTL_S]:
+                del self._infos[url]

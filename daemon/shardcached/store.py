@@ -1,0 +1,262 @@
+"""Shard files under the cache directory: index, atomic publish, recovery, capacity accounting and leases.
+
+Layout: `<key><suffix>` holds a shard's bytes and `<key>.meta.json` its URL, version, size and checksum.
+Downloads write `.tmp-*` files in the same directory; `finalize` fsyncs and renames them, meta first, so
+a shard is visible only once complete. At start `recover` removes temp files and any data/meta file without
+its partner (or with the wrong size) and rebuilds the index from what is really on disk.
+
+Capacity counts resident shards, reservations of in-flight downloads, and evicted shards whose files are
+kept until their leases end. All methods except `finalize` run on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardcached.errors import NotFound
+
+logger = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".tmp-"
+META_SUFFIX = ".meta.json"
+
+
+@dataclass(eq=False)
+class Entry:
+    """One resident shard."""
+
+    key: str
+    url: str
+    version: str
+    size: int
+    path: Path
+    checksum: str | None = None
+    last_use: float = field(default_factory=time.time)
+    validated_at: float = 0.0
+    leases: int = 0
+    prefetched: bool = False
+    used: bool = False
+    doomed: bool = False
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path.with_name(self.key + META_SUFFIX)
+
+
+@dataclass(eq=False)
+class Lease:
+    id: str
+    entry: Entry
+    expires: float
+
+
+class Store:
+    """The index of resident shards and the byte accounting against `capacity`."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        capacity: int,
+        lease_ttl_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.capacity = capacity
+        self.lease_ttl_s = lease_ttl_s
+        self._clock = clock
+        self.by_url: dict[str, Entry] = {}
+        self._doomed: dict[str, Entry] = {}
+        self._leases: dict[str, Lease] = {}
+        self.resident_bytes = 0
+        self.doomed_bytes = 0
+        self.reserved_bytes = 0
+
+    # -- accounting -------------------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        """Bytes counted against the capacity: resident, doomed-but-leased and reserved."""
+        return self.resident_bytes + self.doomed_bytes + self.reserved_bytes
+
+    def fits(self, size: int) -> bool:
+        return self.used + size <= self.capacity
+
+    def reserve(self, size: int) -> None:
+        """Count `size` bytes of a download that is about to start (call `fits` first)."""
+        self.reserved_bytes += size
+
+    def unreserve(self, size: int) -> None:
+        self.reserved_bytes -= size
+
+    # -- recovery and publishing ------------------------------------------------------------------------
+    def recover(self) -> int:
+        """Remove leftovers of a crash and rebuild the index from disk; returns the shards found."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        names = set(os.listdir(self.cache_dir))
+        data_names: set[str] = set()
+        for name in sorted(names):
+            path = self.cache_dir / name
+            if name.startswith(TEMP_PREFIX):
+                logger.info("removing temp file left by an interrupted download: %s", path)
+                path.unlink(missing_ok=True)
+            elif name.endswith(META_SUFFIX):
+                entry = self._load_meta(path, names)
+                if entry is None:
+                    path.unlink(missing_ok=True)
+                    continue
+                data_names.add(entry.path.name)
+                self._insert(entry)
+        for name in names - data_names:
+            if not name.startswith(TEMP_PREFIX) and not name.endswith(META_SUFFIX) and len(name) >= 64:
+                logger.info("removing shard file without metadata: %s", name)
+                (self.cache_dir / name).unlink(missing_ok=True)
+        logger.info(
+            "recovered %d shards (%d bytes) from %s", len(self.by_url), self.resident_bytes, self.cache_dir
+        )
+        return len(self.by_url)
+
+    def _load_meta(self, meta_path: Path, names: set[str]) -> Entry | None:
+        try:
+            meta = json.loads(meta_path.read_text())
+            key = meta_path.name.removesuffix(META_SUFFIX)
+            data = self.cache_dir / str(meta["file"])
+            if data.name not in names or not data.name.startswith(key):
+                return None
+            stat = data.stat()
+            if stat.st_size != int(meta["size"]):
+                logger.warning("removing %s: %d bytes on disk, %s expected", data, stat.st_size, meta["size"])
+                data.unlink(missing_ok=True)
+                return None
+            return Entry(
+                key=key,
+                url=str(meta["url"]),
+                version=str(meta["version"]),
+                size=int(meta["size"]),
+                path=data,
+                checksum=meta.get("checksum"),
+                last_use=meta_path.stat().st_mtime,
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("removing unreadable shard metadata %s: %s", meta_path, exc)
+            return None
+
+    def temp_path(self, key: str) -> Path:
+        return self.cache_dir / f"{TEMP_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
+
+    def finalize(self, tmp: Path, entry: Entry) -> None:
+        """Publish a fully written, fsynced temp file as `entry` (blocking; called from a worker thread)."""
+        meta = {
+            "url": entry.url,
+            "version": entry.version,
+            "size": entry.size,
+            "checksum": entry.checksum,
+            "file": entry.path.name,
+        }
+        meta_tmp = self.temp_path(entry.key + "m")
+        with open(meta_tmp, "w") as out:
+            json.dump(meta, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(meta_tmp, entry.meta_path)
+        os.replace(tmp, entry.path)
+        fd = os.open(self.cache_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def add(self, entry: Entry) -> None:
+        """Index a published shard."""
+        old = self.by_url.get(entry.url)
+        if old is not None and old.key != entry.key:
+            self.remove(entry.url)
+        if entry.url not in self.by_url:
+            self._insert(entry)
+
+    def _insert(self, entry: Entry) -> None:
+        self.by_url[entry.url] = entry
+        self.resident_bytes += entry.size
+
+    def revive(self, key: str) -> Entry | None:
+        """Put back a shard that was evicted but whose file lives on for its leases."""
+        entry = self._doomed.pop(key, None)
+        if entry is not None:
+            self.doomed_bytes -= entry.size
+            entry.doomed = False
+            self._insert(entry)
+        return entry
+
+    # -- eviction ---------------------------------------------------------------------------------------
+    def evictable(self) -> list[str]:
+        """URLs of resident shards no lease holds."""
+        return [url for url, entry in self.by_url.items() if entry.leases == 0]
+
+    def remove(self, url: str) -> Entry:
+        """Drop a shard from the index; its files go now, or when its last lease ends.
+
+        Raises:
+            NotFound: the shard is not resident.
+        """
+        entry = self.by_url.pop(url, None)
+        if entry is None:
+            raise NotFound(f"{url} is not in the cache", code="not_resident")
+        self.resident_bytes -= entry.size
+        if entry.leases > 0:
+            entry.doomed = True
+            self._doomed[entry.key] = entry
+            self.doomed_bytes += entry.size
+        else:
+            self._unlink(entry)
+        return entry
+
+    def _unlink(self, entry: Entry) -> None:
+        # Meta first: a crash between the two leaves a data file without meta, which recovery removes.
+        entry.meta_path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            entry.path.unlink()
+
+    # -- leases -----------------------------------------------------------------------------------------
+    def lease(self, entry: Entry) -> str:
+        lease_id = secrets.token_hex(12)
+        self._leases[lease_id] = Lease(lease_id, entry, self._clock() + self.lease_ttl_s)
+        entry.leases += 1
+        return lease_id
+
+    def release(self, lease_id: str) -> bool:
+        """End a lease; False if it is unknown or expired."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            return False
+        if lease.expires < self._clock():
+            self._end(lease)
+            return False
+        self._end(lease)
+        return True
+
+    def _end(self, lease: Lease) -> None:
+        entry = lease.entry
+        entry.leases -= 1
+        if entry.leases == 0 and entry.doomed:
+            self._doomed.pop(entry.key, None)
+            self.doomed_bytes -= entry.size
+            self._unlink(entry)
+
+    def expire_leases(self) -> int:
+        """End every lease past its TTL; returns how many."""
+        now = self._clock()
+        expired = [lease for lease in self._leases.values() if lease.expires < now]
+        for lease in expired:
+            del self._leases[lease.id]
+            self._end(lease)
+        return len(expired)
+
+    @property
+    def lease_count(self) -> int:
+        return len(self._leases)
