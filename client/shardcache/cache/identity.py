@@ -1,0 +1,180 @@
+"""What a cache entry is a function of: the checks on pre-cache stages and the plan fingerprint.
+
+The fingerprint covers the source (kind, options, every shard's URL and its current version: the ETag, or
+size and mtime; a Lance dataset's version) and every traceable stage before `.cache()`: `map` by its
+function, `select` by its fields, `assemble` by its factory and `drop_last`. `shuffle` is left out on
+purpose (it only reorders) and logged as a warning; `batch` and `unbatch` are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from shardcache.cache.fingerprint import Fingerprinter, check_stable_callable
+from shardcache.errors import CacheError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 1
+_NOT_CONTENT_OPTIONS = frozenset({"context", "daemon"})
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
+def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True) -> None:
+    """Check that the stages before `.cache()` can be cached; log the shuffle trade-off.
+
+    Args:
+        stages: The stage specs before the cache boundary (each with `.kind`).
+        warn: Log a warning for each `shuffle` (off when re-checking at iteration time).
+
+    Raises:
+        ConfigError: A `batch`/`unbatch` stage, or a lambda or local closure in `map`/`assemble`.
+    """
+    for stage in stages:
+        kind = stage.kind
+        if kind in ("batch", "unbatch"):
+            raise ConfigError(
+                f".{kind}() before .cache() is not supported: the cache stores samples, not batches. "
+                f"Move .{kind}() after .cache()"
+            )
+        if kind == "map":
+            check_stable_callable(stage.fn, f"map({_name(stage.fn)})")
+        elif kind == "assemble":
+            check_stable_callable(stage.factory, f"assemble({_name(stage.factory)})")
+        elif kind == "shuffle" and warn:
+            logger.warning(
+                "shuffle(buffer_size=%s) before .cache() is materialised once: every epoch reads the cached "
+                "order, and the shuffle is not part of the cache fingerprint (changing it reuses the entry). "
+                "Shuffle after .cache() to reshuffle every epoch",
+                getattr(stage, "buffer_size", "?"),
+            )
+        elif kind not in ("map", "select", "shuffle", "assemble", "cache"):
+            raise ConfigError(f"stage {kind!r} before .cache() is not supported")
+
+
+def _stage_token(stage: Any) -> tuple[Any, ...] | None:
+    kind = stage.kind
+    if kind == "map":
+        return ("map", stage.fn)
+    if kind == "select":
+        return ("select", tuple(stage.fields))
+    if kind == "assemble":
+        return ("assemble", stage.factory, bool(stage.drop_last))
+    if kind == "cache":
+        return ("cache",)
+    return None  # shuffle: reorders only, deliberately not part of the fingerprint
+
+
+def _version_from_info(info: dict[str, Any]) -> tuple[Any, ...]:
+    for key in ("ETag", "etag", "e_tag"):
+        if info.get(key):
+            return ("etag", str(info[key]).strip('"'))
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        if info.get(key) is not None:
+            return ("size_mtime", info.get("size"), str(info[key]))
+    return ("size", info.get("size"))
+
+
+def _local_version(path: str) -> tuple[Any, ...]:
+    stat = os.stat(path)
+    if not os.path.isdir(path):
+        return ("size_mtime", stat.st_size, stat.st_mtime_ns)
+    newest, total = stat.st_mtime_ns, 0
+    for directory, _dirs, files in os.walk(path):
+        for name in files:
+            child = os.stat(os.path.join(directory, name))
+            newest, total = max(newest, child.st_mtime_ns), total + child.st_size
+    return ("tree", total, newest)
+
+
+def _lance_version(url: str) -> tuple[Any, ...]:
+    import lance
+
+    dataset = lance.dataset(url)
+    latest = dataset.versions()[-1]
+    return ("lance", dataset.version, str(latest.get("timestamp")))
+
+
+def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
+    """The current version of every shard: one listing per remote directory, a stat per local file.
+
+    Raises:
+        CacheError: A shard's version cannot be read (names the URL).
+    """
+    from shardcache.shards import has_protocol, local_path
+
+    versions: dict[str, tuple[Any, ...]] = {}
+    remote: dict[str, list[str]] = defaultdict(list)
+    for url in urls:
+        try:
+            if kind == "lance":
+                versions[url] = _lance_version(url)
+            elif not has_protocol(url) or url.startswith("file://"):
+                versions[url] = _local_version(local_path(url))
+            else:
+                remote[url.rsplit("/", 1)[0]].append(url)
+        except (OSError, ValueError) as exc:
+            raise CacheError(f"cannot read the version of {url} for the cache fingerprint: {exc}") from exc
+    for parent, members in remote.items():
+        versions.update(_remote_versions(parent, members))
+    return [versions[url] for url in urls]
+
+
+def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]:
+    import fsspec
+
+    try:
+        fs, parent_path = fsspec.core.url_to_fs(parent)
+        # One listing answers for every shard of a directory; fall back to one info() per shard.
+        listing = {str(info["name"]).rstrip("/"): info for info in fs.ls(parent_path, detail=True)}
+        out = {}
+        for url in urls:
+            path = fs._strip_protocol(url)
+            info = listing.get(path) or fs.info(path)
+            out[url] = _version_from_info(info)
+        return out
+    except Exception as exc:  # fsspec backends raise many types; all mean "version unknown"
+        raise CacheError(
+            f"cannot read the remote version of {urls[0]} (and {len(urls) - 1} more under {parent}) for the "
+            f"cache fingerprint: {exc}. Check credentials and the endpoint (AWS_ENDPOINT_URL_S3)"
+        ) from exc
+
+
+def plan_fingerprint(source: Any, stages: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    """The fingerprint of a pre-cache pipeline, and a description of it for `shardcache cache ls`.
+
+    Args:
+        source: The pipeline's source spec (`kind`, `shards`, `options`).
+        stages: The stage specs before the cache boundary.
+    """
+    fingerprinter = Fingerprinter()
+    fingerprinter.add(("shardcache.cache", LAYOUT_VERSION, source.kind))
+    options = {k: v for k, v in dict(source.options).items() if k not in _NOT_CONTENT_OPTIONS}
+    fingerprinter.add(options)
+    urls = [ref.url for ref in source.shards]
+    versions = shard_versions(urls, source.kind)
+    for ref, version in zip(source.shards, versions, strict=True):
+        fingerprinter.add((ref.url, ref.size, ref.checksum, version))
+    described = []
+    for stage in stages:
+        token = _stage_token(stage)
+        describe = getattr(stage, "describe", None)
+        described.append(describe() if callable(describe) else stage.kind)
+        if token is not None:
+            fingerprinter.add(token)
+    description = {
+        "source": source.kind,
+        "shards": len(urls),
+        "first_shard": urls[0] if urls else None,
+        "stages": described,
+        "created": time.time(),
+    }
+    return fingerprinter.hexdigest(), description

@@ -1,0 +1,301 @@
+"""The on-disk layout of cache entries: locks, atomic publication, listing and removal.
+
+```
+<cache root>/<fingerprint>/
+    entry.json                       what the entry caches (for `shardcache cache ls`)
+    locks/part-<D>-<k>.lock          one builder per part (flock; dropped if the builder dies)
+    locks/merge.lock
+    tmp/<label>.<pid>.<random>/      builds in progress; removed by the next holder of the label's lock
+    parts-<D>/part-<k>/              part k of D data-parallel slots: data.lance + part.json
+    dataset/                         the merged dataset: data.lance + complete.json
+```
+
+A directory is published by one `rename` of a temporary directory that already holds its data and its
+marker file, so a reader either sees nothing or a complete part (or dataset); a build killed half way leaves
+only a temporary directory, which the next builder removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardcache.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = ".cache"
+CACHE_DIR_ENV = "SHARDCACHE_CACHE_DIR"
+DATA = "data.lance"
+PART_MARKER = "part.json"
+DATASET_MARKER = "complete.json"
+
+
+def resolve_cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR`, else `.cache` in the working directory.
+
+    The environment variable also replaces the default `.cache` when that is passed explicitly (the
+    signature of `Dataset.cache` spells the default out).
+    """
+    if cache_dir is None or os.fspath(cache_dir) == DEFAULT_CACHE_DIR:
+        cache_dir = os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    return Path(cache_dir).absolute()
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under `root` to disk before it is published."""
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(directory))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write `payload` as JSON to `path` via a temporary file, fsync and rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when it does not exist or is unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            payload = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+class FileLock:
+    """An exclusive `fcntl.flock` on a lock file; released on close or when the holder dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; return whether this process holds it now."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        self._fd = fd
+        return True
+
+    def acquire(self, deadline: float, what: str) -> None:
+        """Wait for the lock until `deadline` (time.monotonic()); CacheError after it."""
+        delay = 0.01
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                raise CacheError(
+                    f"timed out waiting for {self.path}: another process is still building {what}. Raise "
+                    f"the timeout (cache_timeout= or SHARDCACHE_CACHE_TIMEOUT seconds), or stop the other "
+                    f"job and remove the entry with `shardcache cache rm`"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class EntryPaths:
+    """Paths of one cache entry."""
+
+    root: Path
+
+    @property
+    def fingerprint(self) -> str:
+        return self.root.name
+
+    @property
+    def description_file(self) -> Path:
+        return self.root / "entry.json"
+
+    @property
+    def dataset_dir(self) -> Path:
+        return self.root / "dataset"
+
+    @property
+    def dataset_uri(self) -> str:
+        return str(self.dataset_dir / DATA)
+
+    def dataset_complete(self) -> bool:
+        return (self.dataset_dir / DATASET_MARKER).is_file()
+
+    def parts_dir(self, slots: int) -> Path:
+        return self.root / f"parts-{slots}"
+
+    def part_dir(self, slots: int, index: int) -> Path:
+        return self.parts_dir(slots) / f"part-{index:05d}"
+
+    def part_complete(self, slots: int, index: int) -> bool:
+        return (self.part_dir(slots, index) / PART_MARKER).is_file()
+
+    def lock(self, label: str) -> FileLock:
+        return FileLock(self.root / "locks" / f"{label}.lock")
+
+    def new_tmp(self, label: str) -> Path:
+        """A fresh temporary directory for `label`, after removing leftovers of killed builds of it.
+
+        Call only while holding `label`'s lock: then every other temporary of that label is dead.
+        """
+        tmp_root = self.root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        for stale in tmp_root.glob(f"{label}.*"):
+            logger.info("removing %s left by an interrupted cache build", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        path = tmp_root / f"{label}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        return path
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make `tmp` (already holding its data and marker) visible at `final` in one rename."""
+    fsync_tree(tmp)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One entry under the cache root, as `shardcache cache ls` shows it."""
+
+    fingerprint: str
+    path: str
+    complete: bool
+    size_bytes: int
+    rows: int | None = None
+    created: float | None = None
+    description: dict[str, Any] = field(default_factory=dict)
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+def cache_ls(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry]:
+    """The entries under a cache root, sorted by fingerprint.
+
+    Args:
+        cache_dir: The cache root (default: `$SHARDCACHE_CACHE_DIR` or `.cache`).
+    """
+    root = resolve_cache_root(cache_dir)
+    if not root.is_dir():
+        return []
+    entries = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        paths = EntryPaths(path)
+        marker = read_json(paths.dataset_dir / DATASET_MARKER) or {}
+        description = read_json(paths.description_file) or {}
+        entries.append(
+            CacheEntry(
+                fingerprint=path.name,
+                path=str(path),
+                complete=paths.dataset_complete(),
+                size_bytes=_tree_size(path),
+                rows=marker.get("rows"),
+                created=marker.get("created", description.get("created")),
+                description=description,
+            )
+        )
+    return entries
+
+
+def _entry_busy(path: Path) -> bool:
+    for lock_file in sorted((path / "locks").glob("*.lock")):
+        lock = FileLock(lock_file)
+        if not lock.try_acquire():
+            return True
+        lock.release()
+    return False
+
+
+def cache_rm(cache_dir: str | os.PathLike[str] | None, fingerprint_or_all: str) -> list[str]:
+    """Remove one entry (by fingerprint or unique prefix of one) or every entry ("all").
+
+    Args:
+        cache_dir: The cache root (None: `$SHARDCACHE_CACHE_DIR` or `.cache`).
+        fingerprint_or_all: A fingerprint, a unique prefix of one, or "all".
+
+    Returns:
+        The fingerprints removed.
+
+    Raises:
+        CacheError: No entry matches, the prefix is ambiguous, or a process is building the entry now.
+    """
+    root = resolve_cache_root(cache_dir)
+    names = [entry.fingerprint for entry in cache_ls(root)]
+    if fingerprint_or_all == "all":
+        chosen = names
+    else:
+        chosen = [name for name in names if name.startswith(fingerprint_or_all)]
+        if not chosen:
+            raise CacheError(
+                f"no cache entry {fingerprint_or_all!r} under {root}; `shardcache cache ls` lists them"
+            )
+        if len(chosen) > 1:
+            raise CacheError(f"{fingerprint_or_all!r} matches several cache entries under {root}: {chosen}")
+    for name in chosen:
+        path = root / name
+        if _entry_busy(path):
+            raise CacheError(f"cache entry {path} is being built by a running process; stop it first")
+        # Rename first so that no reader finds a half-deleted entry under its fingerprint.
+        trash = root / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return chosen
+
+
+def iter_part_dirs(paths: EntryPaths, slots: int) -> Iterator[Path]:
+    """Part directories of a `slots`-way build in numeric slot order (slot 10 after slot 2)."""
+    for index in range(slots):
+        yield paths.part_dir(slots, index)
