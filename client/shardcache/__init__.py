@@ -1,5 +1,43 @@
-"""shardcache: the trainer-side dataset pipeline over shards served by the node daemon."""
+"""shardcache: the trainer-side dataset pipeline over shards served by the node daemon.
+
+`import shardcache` needs neither torch nor lance nor s3fs; each is imported where it is used.
+"""
 
 from __future__ import annotations
 
+from shardcache.context import DataLoadMesh, RuntimeContext
+from shardcache.daemon_client import DaemonClient
+from shardcache.dataset import Dataset
+from shardcache.errors import (
+    CacheError,
+    ConfigError,
+    CorruptShardError,
+    DaemonUnavailable,
+    ShardcacheError,
+    ShardError,
+    StateError,
+)
+from shardcache.loader import TorchLoader
+from shardcache.log import get_log_level, get_logger, set_log_level, set_logger
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "CacheError",
+    "ConfigError",
+    "CorruptShardError",
+    "DaemonClient",
+    "DaemonUnavailable",
+    "DataLoadMesh",
+    "Dataset",
+    "RuntimeContext",
+    "ShardError",
+    "ShardcacheError",
+    "StateError",
+    "TorchLoader",
+    "__version__",
+    "get_log_level",
+    "get_logger",
+    "set_log_level",
+    "set_logger",
+]

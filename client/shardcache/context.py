@@ -1,0 +1,229 @@
+"""Where a pipeline runs: rank, worker, seed, epoch, and the data-parallel mesh.
+
+`RuntimeContext.slot` / `total_slots` decide which shards a reader gets. With a `DataLoadMesh` the slot
+comes from the data-parallel rank only, so tensor-parallel co-members read identical data.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from shardcache.errors import ConfigError
+
+
+class DeviceMeshLike(Protocol):
+    """The part of `torch.distributed.DeviceMesh` the data loader uses."""
+
+    def size(self, mesh_dim: Any = ...) -> int: ...
+    def get_local_rank(self, mesh_dim: Any = ...) -> int: ...
+
+
+@dataclass(frozen=True)
+class DataLoadMesh:
+    """The data-parallel dimensions of a device mesh.
+
+    Ranks that share `dp_rank` read identical data (tensor-parallel co-members); ranks with different
+    `dp_rank` read disjoint data.
+
+    Args:
+        device_mesh: A `torch.distributed.DeviceMesh` (anything with `size(dim)`, `get_local_rank(dim)`).
+        dp_dims: Names of the data-parallel dimensions, outermost first.
+    """
+
+    device_mesh: Any
+    dp_dims: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        dims = (self.dp_dims,) if isinstance(self.dp_dims, str) else tuple(self.dp_dims)
+        if not dims:
+            raise ConfigError("DataLoadMesh(dp_dims=...): give at least one data-parallel dimension name")
+        object.__setattr__(self, "dp_dims", dims)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DataLoadMesh):
+            return NotImplemented
+        return self.device_mesh is other.device_mesh and self.dp_dims == other.dp_dims
+
+    def __hash__(self) -> int:
+        return hash((id(self.device_mesh), self.dp_dims))
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index flattened over the data-parallel dimensions (row-major)."""
+        rank = 0
+        for dim in self.dp_dims:
+            rank = rank * int(self.device_mesh.size(dim)) + int(self.device_mesh.get_local_rank(dim))
+        return rank
+
+    @property
+    def dp_size(self) -> int:
+        """The product of the data-parallel dimension sizes."""
+        size = 1
+        for dim in self.dp_dims:
+            size *= int(self.device_mesh.size(dim))
+        return size
+
+    @property
+    def is_dp_leader(self) -> bool:
+        """Whether this rank is local rank 0 on every non-data-parallel dimension (writes shared outputs)."""
+        names = getattr(self.device_mesh, "mesh_dim_names", None)
+        if not names:
+            return True
+        return all(int(self.device_mesh.get_local_rank(d)) == 0 for d in names if d not in self.dp_dims)
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from exc
+
+
+def _torch_worker_info() -> tuple[int, int] | None:
+    # Only consult torch when it is already imported: importing it here would cost seconds for nothing.
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return None
+    info = data.get_worker_info()
+    return None if info is None else (int(info.id), int(info.num_workers))
+
+
+def _torch_dist_rank() -> tuple[int, int] | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return int(dist.get_rank()), int(dist.get_world_size())
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """Rank, worker, seed, epoch and mesh of one reader.
+
+    Args:
+        rank: Global rank of this process.
+        world_size: Number of ranks.
+        worker_id: DataLoader worker index within this rank.
+        num_workers: DataLoader workers per rank (1 when iterating in the main process).
+        seed: Base seed of every shuffle.
+        epoch: Epoch; shard orders and shuffles are deterministic from (seed, epoch).
+        mesh: Optional data-parallel mesh; slots then count data-parallel ranks only.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
+    seed: int = 0
+    epoch: int = 0
+    mesh: DataLoadMesh | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"RuntimeContext(world_size={self.world_size}): must be >= 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"RuntimeContext(rank={self.rank}): must be in [0, world_size={self.world_size})"
+            )
+        if self.num_workers < 1:
+            raise ConfigError(f"RuntimeContext(num_workers={self.num_workers}): must be >= 1")
+        if not 0 <= self.worker_id < self.num_workers:
+            raise ConfigError(
+                f"RuntimeContext(worker_id={self.worker_id}): must be in [0, num_workers={self.num_workers})"
+            )
+        if self.epoch < 0:
+            raise ConfigError(f"RuntimeContext(epoch={self.epoch}): must be >= 0")
+
+    @property
+    def dp_rank(self) -> int:
+        """Data-parallel rank: the mesh's when one is set, else the global rank."""
+        return self.mesh.dp_rank if self.mesh is not None else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel size: the mesh's when one is set, else the world size."""
+        return self.mesh.dp_size if self.mesh is not None else self.world_size
+
+    @property
+    def slot(self) -> int:
+        """This reader's slot: dp_rank × num_workers + worker_id."""
+        return self.dp_rank * self.num_workers + self.worker_id
+
+    @property
+    def total_slots(self) -> int:
+        """Number of slots: dp_size × num_workers."""
+        return self.dp_size * self.num_workers
+
+    @property
+    def sample_shuffle_seed(self) -> int:
+        """Seed of sample-level shuffles in this slot (TP co-members share it)."""
+        return self.seed + self.slot
+
+    def with_epoch(self, epoch: int) -> RuntimeContext:
+        """The same context at another epoch."""
+        return replace(self, epoch=epoch)
+
+    def in_current_worker(self) -> RuntimeContext:
+        """This context with worker_id/num_workers from the torch DataLoader worker running it, if any.
+
+        A context built in the main process says num_workers=1; inside a worker it must count workers.
+        """
+        info = _torch_worker_info()
+        if info is None or self.num_workers != 1:
+            return self
+        return replace(self, worker_id=info[0], num_workers=info[1])
+
+    @classmethod
+    def from_runtime(
+        cls,
+        *,
+        base: RuntimeContext | None = None,
+        seed: int = 0,
+        env: Mapping[str, str] | None = None,
+        prefer_torch: bool = True,
+        mesh: DataLoadMesh | None = None,
+        device_mesh: Any = None,
+        dp_dims: str | Sequence[str] | None = None,
+    ) -> RuntimeContext:
+        """A context from torch.distributed and worker info, else RANK, WORLD_SIZE, WORKER, NUM_WORKERS.
+
+        Args:
+            base: Inherit seed, epoch and mesh from this context.
+            seed: Base seed (ignored when `base` is given).
+            env: Environment to read (default `os.environ`).
+            prefer_torch: Let live torch values override the environment.
+            mesh: A ready `DataLoadMesh`.
+            device_mesh: A torch `DeviceMesh`, wrapped with `dp_dims`.
+            dp_dims: Data-parallel dimension names of `device_mesh`.
+        """
+        if mesh is not None and (device_mesh is not None or dp_dims is not None):
+            raise ConfigError(
+                "RuntimeContext.from_runtime: pass either mesh= or device_mesh=/dp_dims=, not both"
+            )
+        if (device_mesh is None) != (dp_dims is None):
+            raise ConfigError("RuntimeContext.from_runtime: device_mesh= and dp_dims= go together")
+        if device_mesh is not None and dp_dims is not None:
+            mesh = DataLoadMesh(device_mesh, (dp_dims,) if isinstance(dp_dims, str) else tuple(dp_dims))
+        epoch = 0
+        if base is not None:
+            seed, epoch = base.seed, base.epoch
+            mesh = mesh if mesh is not None else base.mesh
+        source = os.environ if env is None else env
+        rank = _env_int(source, "RANK", 0)
+        world_size = _env_int(source, "WORLD_SIZE", 1)
+        worker_id = _env_int(source, "WORKER", 0)
+        num_workers = _env_int(source, "NUM_WORKERS", 1)
+        if prefer_torch:
+            dist = _torch_dist_rank()
+            if dist is not None:
+                rank, world_size = dist
+            info = _torch_worker_info()
+            if info is not None:
+                worker_id, num_workers = info
+        return cls(rank, world_size, worker_id, num_workers, seed, epoch, mesh)

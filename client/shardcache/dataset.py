@@ -1,0 +1,349 @@
+"""`Dataset`: the immutable, chainable pipeline facade (mvp-dataset's public API).
+
+Every stage method returns a new Dataset. Iterating resolves the runtime context (explicit, else torch and
+environment), builds one node per stage over the source node, and returns a `PipelineIterator`, whose
+`state_dict()` a trainer checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError, StateError
+from shardcache.shards import ShardRef, expand_shards
+from shardcache.sources import SourceSpec, canonical_kind, check_options, node_class
+from shardcache.sources.opener import check_daemon_setting
+from shardcache.stages import (
+    AssembleStage,
+    BatchStage,
+    CacheStage,
+    MapStage,
+    Node,
+    SelectStage,
+    ShuffleStage,
+    Stage,
+    UnbatchStage,
+)
+
+STATE_VERSION = 1
+CACHE_DEFAULTS: dict[str, Any] = {
+    "cache_dir": ".cache",
+    "cache_num_workers": 1,
+    "cache_write_batch_size": 1024,
+    "max_rows_per_fragment": 5000,
+}
+
+
+def _register_with_torch() -> None:
+    # Dataset is a torch IterableDataset (so a plain DataLoader takes it) without importing torch here:
+    # IterableDataset's metaclass is ABCMeta, so registering a virtual subclass suffices once torch is loaded.
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and not issubclass(Dataset, data.IterableDataset):
+        data.IterableDataset.register(Dataset)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r}: expected a positive integer")
+    return value
+
+
+def _callable(name: str, value: Any) -> Any:
+    if not callable(value):
+        raise ConfigError(f"{name}={value!r}: expected a callable")
+    return value
+
+
+def _describe(source: SourceSpec, stages: Sequence[Stage]) -> str:
+    return "\n".join([source.describe(), *(stage.describe() for stage in stages)])
+
+
+class _Runtime:
+    """The mutable side of a Dataset: the epoch set by `set_epoch`, the latest iterator, a state to resume."""
+
+    __slots__ = ("epoch", "iterator", "pending")
+
+    def __init__(self, epoch: int | None = None) -> None:
+        self.epoch = epoch
+        self.iterator: PipelineIterator | None = None
+        self.pending: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled Dataset (DataLoader workers) carries its epoch and pending state, not a live iterator.
+        return {"epoch": self.epoch, "pending": self.pending}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.epoch, self.pending, self.iterator = state["epoch"], state["pending"], None
+
+
+class PipelineIterator:
+    """Iterates one slot's pipeline; `state_dict()` is the position before the next item."""
+
+    def __init__(self, node: Node, ctx: RuntimeContext, fingerprint: str) -> None:
+        self.node = node
+        self.context = ctx
+        self.fingerprint = fingerprint
+        self._next = node.__next__
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._next()
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable state: version, pipeline fingerprint, slot layout, epoch, positions."""
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "slot": self.context.slot,
+            "total_slots": self.context.total_slots,
+            "epoch": self.context.epoch,
+            "pipeline": self.node.state_dict(),
+        }
+
+    def close(self) -> None:
+        """Close open shards and delete this slot's daemon plans."""
+        self.node.close()
+
+
+class Dataset:
+    """An immutable iterable pipeline over shards served by the node daemon.
+
+    Example:
+        >>> ds = Dataset.from_source("tars", "/data/shard_{000000..000127}.tar")  # doctest: +SKIP
+        >>> ds = ds.shuffle(1024).map(decode)  # doctest: +SKIP
+        >>> for sample in ds:  # doctest: +SKIP
+        ...     train_step(sample)
+    """
+
+    def __init__(self, source: SourceSpec, stages: Sequence[Stage] = (), *, epoch: int | None = None) -> None:
+        self._source = source
+        self._stages: tuple[Stage, ...] = tuple(stages)
+        self._runtime = _Runtime(epoch)
+        _register_with_torch()
+
+    # -- construction ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_source(
+        cls,
+        source_kind: str,
+        shards: Any,
+        *,
+        context: RuntimeContext | None = None,
+        daemon: Any = "auto",
+        **options: Any,
+    ) -> Dataset:
+        """A dataset reading `shards` of one kind: "tars" (or "tar"), "jsonl", "parquet" or "lance".
+
+        Args:
+            source_kind: The shard format.
+            shards: A path or URL, a list, brace ranges, globs, or a `.jsonl` manifest.
+            context: An explicit RuntimeContext, honoured at iteration time (else inferred from torch/env).
+            daemon: "auto" (the node daemon, direct reads if none answers), "required", None (never use a
+                daemon), a socket path, or a DaemonClient.
+            **options: The kind's arguments: `resample`; tars `sidecars`, `on_corrupt` ("raise"|"skip");
+                jsonl `ref_fields`; parquet `columns`, `batch_size`, `use_threads`; lance `columns`,
+                `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan").
+
+        Raises:
+            ConfigError: an unknown kind or argument, or a bad value; the message names it.
+        """
+        kind = canonical_kind(source_kind)
+        if context is not None and not isinstance(context, RuntimeContext):
+            raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
+        check_daemon_setting(daemon)
+        check_options(kind, options)
+        if kind == "lance":
+            if isinstance(shards, (str, ShardRef)) or not isinstance(shards, Sequence):
+                shards = [shards]
+            refs = [s if isinstance(s, ShardRef) else ShardRef(str(s)) for s in shards]
+            daemon = None  # Lance reads its URIs with its own object-store support.
+        else:
+            from shardcache.sources import data_suffix
+
+            refs = expand_shards(shards, data_suffix=data_suffix(kind))
+        return cls(SourceSpec(kind, tuple(refs), dict(options), context, daemon))
+
+    @property
+    def source(self) -> SourceSpec:
+        """The frozen source spec."""
+        return self._source
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The frozen stage specs, in order."""
+        return self._stages
+
+    def with_stages(self, stages: Sequence[Stage]) -> Dataset:
+        """The same source with another stage list."""
+        return Dataset(self._source, stages, epoch=self._runtime.epoch)
+
+    def _add(self, stage: Stage) -> Dataset:
+        return self.with_stages((*self._stages, stage))
+
+    def map(self, fn: Callable[[Any], Any]) -> Dataset:
+        """Apply `fn` to every sample."""
+        return self._add(MapStage(_callable("fn", fn)))
+
+    def select(self, fields: str | Sequence[str]) -> Dataset:
+        """Keep only `fields` (and the `__key__`-style metadata) of every sample."""
+        names = (fields,) if isinstance(fields, str) else tuple(fields)
+        if not names or not all(isinstance(f, str) for f in names):
+            raise ConfigError(f"fields={fields!r}: expected a field name or a non-empty list of names")
+        return self._add(SelectStage(names))
+
+    def shuffle(self, buffer_size: int, initial: int | None = None) -> Dataset:
+        """Shuffle through a buffer of `buffer_size` samples, seeded from (seed, slot, epoch)."""
+        _positive_int("buffer_size", buffer_size)
+        if initial is not None:
+            _positive_int("initial", initial)
+        return self._add(ShuffleStage(buffer_size, initial))
+
+    def assemble(self, factory: Callable[[RuntimeContext], Any], drop_last: bool = False) -> Dataset:
+        """Feed samples to the assembler `factory(context)` returns (push/finish), emitting its outputs."""
+        return self._add(AssembleStage(_callable("factory", factory), bool(drop_last)))
+
+    def batch(
+        self, batch_size: int, drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None
+    ) -> Dataset:
+        """Group samples into lists of `batch_size` (through `collate_fn` when given)."""
+        _positive_int("batch_size", batch_size)
+        if collate_fn is not None:
+            _callable("collate_fn", collate_fn)
+        return self._add(BatchStage(batch_size, bool(drop_last), collate_fn))
+
+    def unbatch(self) -> Dataset:
+        """Flatten batches back into samples."""
+        return self._add(UnbatchStage())
+
+    def cache(
+        self,
+        cache_dir: str = ".cache",
+        cache_num_workers: int = 1,
+        cache_write_batch_size: int = 1024,
+        max_rows_per_fragment: int = 5000,
+        **extra: Any,
+    ) -> Dataset:
+        """Materialise everything before this point once into a local Lance dataset (`shardcache.cache`)."""
+        _positive_int("cache_num_workers", cache_num_workers)
+        _positive_int("cache_write_batch_size", cache_write_batch_size)
+        _positive_int("max_rows_per_fragment", max_rows_per_fragment)
+        pre = self._stages
+        last = max((i for i, s in enumerate(pre) if s.kind == "cache"), default=-1)
+        try:
+            from shardcache.cache import validate_pre_cache
+        except ImportError:  # the cache package is optional at this layer
+            pass
+        else:
+            validate_pre_cache(pre[last + 1 :])
+        options = {
+            "cache_dir": cache_dir,
+            "cache_num_workers": cache_num_workers,
+            "cache_write_batch_size": cache_write_batch_size,
+            "max_rows_per_fragment": max_rows_per_fragment,
+            **extra,
+        }
+        return self._add(CacheStage(options))
+
+    # -- epochs, state, fingerprints ------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use `epoch` for the next iterations: shard order and shuffles derive from (seed, epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r}: expected a non-negative integer")
+        self._runtime.epoch = epoch
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch set by `set_epoch` (None: the context's)."""
+        return self._runtime.epoch
+
+    def fingerprint(self) -> str:
+        """A stable hash of the source and stage list (what a resume state must match)."""
+        return hashlib.sha256(_describe(self._source, self._stages).encode()).hexdigest()[:32]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the most recent iterator (or the state loaded and not yet used)."""
+        if self._runtime.iterator is not None:
+            return self._runtime.iterator.state_dict()
+        if self._runtime.pending is not None:
+            return self._runtime.pending
+        raise StateError("state_dict(): this dataset has not been iterated yet; iterate it first")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration resume from `state` (as taken by `state_dict()`)."""
+        self._check_state(state, None)
+        self._runtime.pending = state
+
+    def _check_state(self, state: Any, ctx: RuntimeContext | None) -> None:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else None
+            raise StateError(f"resume state version {version!r} is not supported (expected {STATE_VERSION})")
+        if state.get("fingerprint") != self.fingerprint():
+            raise StateError(
+                "resume state was taken from a pipeline with another source or stage list "
+                f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
+            )
+        if ctx is not None and (state.get("slot"), state.get("total_slots")) != (ctx.slot, ctx.total_slots):
+            raise StateError(
+                f"resume state is for slot {state.get('slot')} of {state.get('total_slots')}, this reader is "
+                f"slot {ctx.slot} of {ctx.total_slots}; resume with the same ranks and workers"
+            )
+
+    # -- iteration ------------------------------------------------------------------------------------------
+
+    def resolve_context(self, context: RuntimeContext | None = None) -> RuntimeContext:
+        """The context an iteration uses: explicit (adjusted to the torch worker running it) or inferred."""
+        explicit = context if context is not None else self._source.context
+        if explicit is not None:
+            ctx = explicit.in_current_worker()
+        else:
+            ctx = RuntimeContext.from_runtime()
+        if self._runtime.epoch is not None:
+            ctx = ctx.with_epoch(self._runtime.epoch)
+        return ctx
+
+    def iter_context(self, context: RuntimeContext | None = None) -> PipelineIterator:
+        """Iterate as the slot `context` names (tests simulate ranks and workers this way)."""
+        ctx = self.resolve_context(context)
+        pending, self._runtime.pending = self._runtime.pending, None
+        if pending is not None:
+            self._check_state(pending, ctx)
+            ctx = ctx.with_epoch(int(pending["epoch"]))
+        node = self.build(ctx)
+        if pending is not None:
+            node.load_state_dict(pending["pipeline"])
+        iterator = PipelineIterator(node, ctx, self.fingerprint())
+        self._runtime.iterator = iterator
+        return iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iter_context(None)
+
+    def build(self, ctx: RuntimeContext) -> Node:
+        """The node chain of this pipeline for one slot (resolving a `.cache()` boundary first)."""
+        stages = self._stages
+        source = self._source
+        last = max((i for i, s in enumerate(stages) if s.kind == "cache"), default=-1)
+        if last >= 0:
+            from shardcache.cache import materialise
+
+            cache_stage = stages[last]
+            assert isinstance(cache_stage, CacheStage)
+            path = materialise(Dataset(source, stages[:last]), ctx, dict(cache_stage.options))
+            source = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
+            stages = stages[last + 1 :]
+        node: Node = node_class(source.kind)(source, ctx)
+        for stage in stages:
+            node = stage.node(node, ctx)
+        return node
+
+    def __repr__(self) -> str:
+        stages = "".join(f".{s.describe()}" for s in self._stages)
+        return f"Dataset.from_source({self._source.kind!r}, <{len(self._source.shards)} shards>){stages}"

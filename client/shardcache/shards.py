@@ -1,0 +1,196 @@
+"""Shard lists: paths or URLs, lists, brace ranges, local and remote globs, and `.jsonl` manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import braceexpand
+
+from shardcache.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_GLOB_CHARS = ("*", "?", "[")
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One shard: its URL (or local path) and what a manifest may tell about it."""
+
+    url: str
+    size: int | None = None
+    checksum: str | None = None
+    num_samples: int | None = None
+
+
+ShardSpec = str | os.PathLike[str] | ShardRef | Sequence["str | os.PathLike[str] | ShardRef"]
+
+
+def has_protocol(url: str) -> bool:
+    """Whether `url` names a remote (or explicit) fsspec protocol such as s3:// or file://."""
+    return "://" in url
+
+
+def is_local(url: str) -> bool:
+    """Whether `url` is a local path or a file:// URL."""
+    return not has_protocol(url) or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    """The filesystem path of a local path or file:// URL."""
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def _glob(pattern: str) -> list[str]:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(pattern)
+    matches = sorted(fs.glob(path))
+    if not has_protocol(pattern):
+        return [str(m) for m in matches]
+    return [fs.unstrip_protocol(m) for m in matches]
+
+
+def read_manifest(path: str) -> list[ShardRef]:
+    """Read a `.jsonl` manifest of `{"url", "size", "checksum", "num_samples"}` lines.
+
+    Relative URLs are resolved against the manifest's directory.
+    """
+    import fsspec
+
+    refs: list[ShardRef] = []
+    base = path.rsplit("/", 1)[0] if "/" in path else "."
+    with fsspec.open(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                url = str(row["url"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(
+                    f"manifest {path} line {number}: expected a JSON object with a 'url' key "
+                    f"(write manifests with `shardcache manifest PATTERN -o FILE`)"
+                ) from exc
+            if not has_protocol(url) and not url.startswith("/"):
+                url = f"{base}/{url}"
+            refs.append(ShardRef(url, row.get("size"), row.get("checksum"), row.get("num_samples")))
+    return refs
+
+
+def _is_manifest(item: str, data_suffix: str | None) -> bool:
+    if item.endswith(".manifest.jsonl"):
+        return True
+    return item.endswith(".jsonl") and data_suffix != ".jsonl"
+
+
+def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef]:
+    """Expand a shard spec into an ordered list of shards.
+
+    Args:
+        spec: A path or URL, a `ShardRef`, or a list of them. Strings may hold brace ranges
+            (`shard_{000000..000127}.tar`) and globs (`/data/*.tar`, `s3://bucket/train/*.tar`); a
+            `.jsonl` file is read as a manifest unless the source itself reads `.jsonl` data
+            (`data_suffix=".jsonl"`), in which case only `*.manifest.jsonl` is a manifest.
+        data_suffix: The file suffix the source reads (".tar", ".jsonl", ".parquet"), used only to tell
+            manifests from data.
+
+    Returns:
+        The shards, in the order given (globs sorted).
+
+    Raises:
+        ConfigError: the spec is empty, of the wrong type, or names a local path that does not exist.
+    """
+    items: Iterable[Any]
+    if isinstance(spec, (str, os.PathLike, ShardRef)):
+        items = [spec]
+    elif isinstance(spec, Sequence):
+        items = spec
+    else:
+        raise ConfigError(
+            f"shards={spec!r}: expected a path or URL, a list of them, a brace range, a glob or a manifest"
+        )
+    refs: list[ShardRef] = []
+    for item in items:
+        if isinstance(item, ShardRef):
+            refs.append(item)
+            continue
+        if not isinstance(item, (str, os.PathLike)):
+            raise ConfigError(f"shards: {item!r} is not a path or URL")
+        for text in braceexpand.braceexpand(os.fspath(item)):
+            if _is_manifest(text, data_suffix):
+                refs.extend(read_manifest(text))
+            elif any(c in text for c in _GLOB_CHARS):
+                matches = _glob(text)
+                if not matches:
+                    raise ConfigError(f"shards: the glob {text!r} matches no file")
+                refs.extend(ShardRef(m) for m in matches)
+            else:
+                if is_local(text) and not os.path.exists(local_path(text)):
+                    raise ConfigError(f"shards: {text} does not exist; check the path or brace range")
+                refs.append(ShardRef(text))
+    if not refs:
+        raise ConfigError(f"shards={spec!r}: no shard given")
+    return refs
+
+
+def count_shard_samples(url: str, data: bytes) -> int | None:
+    """Samples in a shard's bytes: tar samples, jsonl lines, parquet rows; None for other kinds."""
+    if url.endswith(".tar"):
+        from shardcache.sources.tarfmt import iter_tar_samples
+
+        return sum(1 for _ in iter_tar_samples(data, url))
+    if url.endswith(".jsonl"):
+        return sum(1 for line in data.splitlines() if line.strip())
+    if url.endswith(".parquet"):
+        import io
+
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(io.BytesIO(data)).metadata.num_rows)
+    return None
+
+
+def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_samples: bool = True) -> int:
+    """Write a `.jsonl` manifest of the shards `pattern` expands to; returns the number of shards.
+
+    Each line holds `url`, `size`, `checksum` ("sha256:<hex>") and, when `count_samples`, `num_samples` for
+    tar, jsonl and parquet shards. The file is written atomically (temporary name, then rename).
+    """
+    import fsspec
+
+    refs = expand_shards(pattern, data_suffix=".jsonl")
+    out = Path(output)
+    lines = []
+    for ref in refs:
+        with fsspec.open(ref.url, "rb") as f:
+            data = f.read()
+        row: dict[str, Any] = {
+            "url": ref.url,
+            "size": len(data),
+            "checksum": f"sha256:{hashlib.sha256(data).hexdigest()}",
+        }
+        if count_samples:
+            row["num_samples"] = count_shard_samples(ref.url, data)
+        lines.append(json.dumps(row) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.info("wrote manifest %s with %d shards", out, len(refs))
+    return len(refs)

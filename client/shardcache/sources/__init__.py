@@ -1,0 +1,58 @@
+"""Sources: one module per kind. Each gives `check_options(options)` and a `SourceNode` subclass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shardcache.errors import ConfigError
+from shardcache.sources.base import SourceNode, SourceSpec, Unit
+
+# kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
+_KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
+    "tars": ("tars", "TarsSource", ("resample", "sidecars", "on_corrupt"), ".tar"),
+    "jsonl": ("jsonl", "JsonlSource", ("resample", "ref_fields"), ".jsonl"),
+    "parquet": ("parquet", "ParquetSource", ("resample", "columns", "batch_size", "use_threads"), ".parquet"),
+    "lance": ("lance", "LanceSource", ("resample", "columns", "batch_size", "shuffle_mode"), None),
+}
+ALIASES = {"tar": "tars"}
+KINDS = tuple(_KINDS)
+
+
+def canonical_kind(kind: Any) -> str:
+    """The source kind a name stands for ("tar" is "tars"); ConfigError for unknown kinds."""
+    name = ALIASES.get(kind, kind) if isinstance(kind, str) else kind
+    if name not in _KINDS:
+        raise ConfigError(f"source_kind={kind!r}: expected one of {', '.join(map(repr, KINDS))}")
+    return str(name)
+
+
+def data_suffix(kind: str) -> str | None:
+    return _KINDS[kind][3]
+
+
+def check_options(kind: str, options: dict[str, Any]) -> None:
+    """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
+    import importlib
+
+    accepted = _KINDS[kind][2]
+    for name in options:
+        if name not in accepted:
+            raise ConfigError(
+                f"from_source({kind!r}, ...): unknown argument {name}=; accepted: "
+                f"context, daemon, {', '.join(accepted)}"
+            )
+    module = importlib.import_module(f"shardcache.sources.{_KINDS[kind][0]}")
+    checker: Callable[[dict[str, Any]], None] = module.check_options
+    checker(options)
+
+
+def node_class(kind: str) -> type[SourceNode]:
+    import importlib
+
+    module_name, class_name, _, _ = _KINDS[kind]
+    cls: type[SourceNode] = getattr(importlib.import_module(f"shardcache.sources.{module_name}"), class_name)
+    return cls
+
+
+__all__ = ["KINDS", "SourceNode", "SourceSpec", "Unit", "canonical_kind", "check_options", "node_class"]

@@ -1,0 +1,176 @@
+"""What every source shares: its frozen spec, and the iterator over one slot's units in epoch order.
+
+A source splits its shards into units (a tar shard, a slice of a jsonl file, a parquet row group), and a slot
+reads its units in an order fixed by (seed, epoch, round). Position = (epoch, round, index in the slot's unit
+order, index within the unit): the state a resume needs, with no sample data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import StateError
+from shardcache.shards import ShardRef
+from shardcache.sources.opener import DaemonSetting, ShardOpener
+from shardcache.sources.schedule import PlanTracker, job_id, slot_order
+from shardcache.stages.base import Node, State
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source: its kind, shards, kind-specific options, optional explicit context and daemon setting."""
+
+    kind: str
+    shards: tuple[ShardRef, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    context: RuntimeContext | None = None
+    daemon: DaemonSetting = "auto"
+
+    @property
+    def resample(self) -> bool:
+        return bool(self.options.get("resample", False))
+
+    def describe(self) -> str:
+        """A stable description (no object ids) used for state and cache fingerprints."""
+        from shardcache.stages.map import callable_name
+
+        def show(value: Any) -> str:
+            if callable(value):
+                return callable_name(value)
+            if isinstance(value, (list, tuple)):
+                return "[" + ",".join(show(v) for v in value) + "]"
+            return repr(value)
+
+        options = ",".join(f"{k}={show(v)}" for k, v in sorted(self.options.items()))
+        urls = "\n".join(ref.url for ref in self.shards)
+        return f"{self.kind}({options})\n{urls}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One schedulable piece of a source: a shard, or part of one."""
+
+    ref: ShardRef
+    part: int = 0
+    offset: int = 0
+    count: int | None = None
+
+
+class SourceNode(Node):
+    """Iterates one slot's units in epoch order; subclasses say what the units are and how to read one."""
+
+    uses_daemon = True
+
+    def __init__(self, spec: SourceSpec, ctx: RuntimeContext) -> None:
+        super().__init__()
+        self.spec = spec
+        self.ctx = ctx
+        self.epoch = ctx.epoch
+        self.round = 0
+        self.pos = 0
+        self.index = 0
+        self.skipped_corrupt = 0
+        self._opener: ShardOpener | None = None
+        self._tracker: PlanTracker | None = None
+
+    # -- what subclasses provide ----------------------------------------------------------------------------
+
+    def units(self) -> list[Unit]:
+        """Every unit of the source, in a fixed order."""
+        raise NotImplementedError
+
+    def order(self, units: list[Unit], round_index: int) -> list[int]:
+        """Indices of the units this slot reads in `round_index` of the current epoch."""
+        return slot_order(len(units), self.ctx, self.epoch, round_index)
+
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+        """The samples of `unit` from index `start` on."""
+        raise NotImplementedError
+
+    # -- shared machinery -----------------------------------------------------------------------------------
+
+    @property
+    def opener(self) -> ShardOpener:
+        if self._opener is None:
+            self._opener = ShardOpener(self.spec.daemon)
+        return self._opener
+
+    def gen(self) -> Iterator[dict[str, Any]]:
+        units = self.units()
+        resample = self.spec.resample
+        tracker = self._tracker = PlanTracker(
+            self.opener.client if self.uses_daemon else None,
+            job_id([r.url for r in self.spec.shards], self.ctx.seed),
+            self.ctx.slot,
+        )
+        empty_rounds = 0
+        try:
+            while True:
+                order = self.order(units, self.round)
+                plan = tracker.start(
+                    self.epoch if not resample else self.epoch + self.round,
+                    [units[u].ref.url for u in order],
+                    [units[u].ref.url for u in self._next_order(units)],
+                )
+                while self.pos < len(order):
+                    i = self.index
+                    for sample in self.read(units[order[self.pos]], plan, i):
+                        i += 1
+                        self.index = i
+                        yield sample
+                    self.pos += 1
+                    self.index = 0
+                tracker.finish()
+                if not resample:
+                    return
+                empty_rounds = 0 if order else empty_rounds + 1
+                if empty_rounds > self.ctx.total_slots:
+                    return  # no unit can ever reach this slot
+                self.round += 1
+                self.pos = 0
+        finally:
+            tracker.close()
+
+    def _next_order(self, units: list[Unit]) -> list[int]:
+        if self.spec.resample:
+            return self.order(units, self.round + 1)
+        saved = self.epoch
+        self.epoch = saved + 1
+        try:
+            return self.order(units, 0)
+        finally:
+            self.epoch = saved
+
+    def state_dict(self) -> State:
+        return {
+            "kind": self.spec.kind,
+            "epoch": self.epoch,
+            "round": self.round,
+            "pos": self.pos,
+            "index": self.index,
+        }
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        if not isinstance(state, dict) or state.get("kind") != self.spec.kind:
+            raise StateError(
+                f"resume state is for source {state.get('kind')!r}, this pipeline reads {self.spec.kind!r}"
+            )
+        for name in ("epoch", "round", "pos", "index"):
+            value = state.get(name)
+            if not isinstance(value, int) or value < 0:
+                raise StateError(f"resume state field {name!r}={value!r} must be a non-negative integer")
+        if state["round"] and not self.spec.resample:
+            raise StateError("resume state has round > 0 but this source does not resample")
+        self.epoch, self.round, self.pos, self.index = (
+            state["epoch"],
+            state["round"],
+            state["pos"],
+            state["index"],
+        )

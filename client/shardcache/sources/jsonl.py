@@ -1,0 +1,147 @@
+"""The "jsonl" source: JSON lines, split into slot-aligned logical shards by line ranges (no copies written).
+
+Every file is cut into `total_slots` contiguous line ranges and slot s reads range s of every file, in a file
+order fixed by (seed, epoch): each line is read once per epoch across slots, whatever the number of files.
+Fields named in `ref_fields` may hold `tar://<shard>#<key>.<field>` references, resolved to member bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from shardcache.errors import ConfigError, ShardError
+from shardcache.shards import ShardRef, has_protocol
+from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.opener import ShardOpener
+from shardcache.sources.schedule import permutation
+from shardcache.sources.tarfmt import iter_members, iter_members_stream
+
+TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Validate the jsonl keyword arguments."""
+    refs = options.get("ref_fields")
+    if refs is None:
+        return
+    if not isinstance(refs, Sequence) or isinstance(refs, str):
+        raise ConfigError("ref_fields=: expected a list of (field_name, base_dir) pairs")
+    for entry in refs:
+        if not (
+            isinstance(entry, tuple | list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
+        ):
+            raise ConfigError(f"ref_fields=: entry {entry!r} is not a (field_name, base_dir) pair of strings")
+
+
+def read_lines(data: bytes) -> list[bytes]:
+    """The non-blank lines of a jsonl file."""
+    return [line for line in data.splitlines() if line.strip()]
+
+
+class JsonlSource(SourceNode):
+    def units(self) -> list[Unit]:
+        total = self.ctx.total_slots
+        return [Unit(ref, part) for ref in self.spec.shards for part in range(total)]
+
+    def order(self, units: list[Unit], round_index: int) -> list[int]:
+        total = self.ctx.total_slots
+        files = permutation(len(self.spec.shards), self.ctx.seed, self.epoch, round_index)
+        # Resampling rotates the line range a slot reads, so successive rounds see other lines.
+        part = (self.ctx.slot + round_index) % total
+        return [f * total + part for f in files]
+
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+        with self.opener.open(unit.ref, plan) as f:
+            lines = read_lines(f.read())
+        total = self.ctx.total_slots
+        first = unit.part * len(lines) // total
+        last = (unit.part + 1) * len(lines) // total
+        refs = self.spec.options.get("ref_fields") or ()
+        resolver = TarRefResolver(self.opener) if refs else None
+        url = unit.ref.url
+        stem = os.path.basename(url)
+        try:
+            for i in range(first + start, last):
+                try:
+                    row = json.loads(lines[i])
+                except ValueError as exc:
+                    raise ShardError(f"{url} line {i + 1}: not valid JSON ({exc})") from exc
+                if not isinstance(row, dict):
+                    row = {"json": row}
+                row.setdefault("__key__", f"{stem}:{i}")
+                row["__file__"] = url
+                row["__index_in_file__"] = i
+                if resolver is not None:
+                    for name, base in refs:
+                        if name in row:
+                            row[name] = resolver.resolve(row[name], base, url)
+                yield row
+        finally:
+            if resolver is not None:
+                resolver.close()
+
+
+class TarRefResolver:
+    """Resolves `tar://<shard>#<key>.<field>` references, keeping an LRU of open, indexed tar shards."""
+
+    def __init__(self, opener: ShardOpener, capacity: int | None = None) -> None:
+        self.opener = opener
+        raw = os.environ.get(TAR_CACHE_SIZE_ENV, "16") if capacity is None else str(capacity)
+        try:
+            self.capacity = max(1, int(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{TAR_CACHE_SIZE_ENV}={raw!r}: must be a positive integer") from exc
+        self._open: OrderedDict[str, tuple[ExitStack, Any, dict[str, Any]]] = OrderedDict()
+
+    def resolve(self, value: Any, base: str, where: str) -> Any:
+        if isinstance(value, list):
+            return [self.resolve_one(v, base, where) for v in value]
+        return self.resolve_one(value, base, where)
+
+    def resolve_one(self, ref: Any, base: str, where: str) -> bytes:
+        if not isinstance(ref, str) or "#" not in ref:
+            raise ShardError(f"{where}: reference {ref!r} is not of the form tar://<shard>#<key>.<field>")
+        shard, _, member = ref.removeprefix("tar://").partition("#")
+        if not has_protocol(shard) and not shard.startswith("/"):
+            shard = f"{base.rstrip('/')}/{shard}"
+        buf, index = self._tar(shard)
+        entry = index.get(member)
+        if entry is None:
+            raise ShardError(f"{where}: reference {ref!r}: no member {member!r} in {shard}")
+        if isinstance(entry, bytes):
+            return entry
+        offset, size = entry
+        return bytes(buf[offset : offset + size])
+
+    def _tar(self, shard: str) -> tuple[Any, dict[str, Any]]:
+        hit = self._open.get(shard)
+        if hit is not None:
+            self._open.move_to_end(shard)
+            return hit[1], hit[2]
+        stack = ExitStack()
+        try:
+            buf = stack.enter_context(self.opener.open_buffer(ShardRef(shard)))
+            index: dict[str, Any]
+            if isinstance(buf, mmap.mmap):
+                index = {name: (offset, size) for name, offset, size in iter_members(buf, shard)}
+            else:
+                index = dict(iter_members_stream(buf, shard))
+        except BaseException:
+            stack.close()
+            raise
+        self._open[shard] = (stack, buf, index)
+        while len(self._open) > self.capacity:
+            _, (old, _, _) = self._open.popitem(last=False)
+            old.close()
+        return buf, index
+
+    def close(self) -> None:
+        while self._open:
+            _, (stack, _, _) = self._open.popitem()
+            stack.close()

@@ -1,0 +1,88 @@
+"""How a source reaches its shards: through the node daemon, or directly when `daemon=None`."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
+
+from shardcache.errors import ConfigError
+from shardcache.shards import ShardRef
+
+if TYPE_CHECKING:
+    from shardcache.daemon_client import DaemonClient
+
+DaemonSetting = Any  # "auto" | "required" | None | socket path | DaemonClient
+_NAMED = ("auto", "required")
+
+
+def check_daemon_setting(daemon: DaemonSetting) -> None:
+    """Refuse a `daemon=` argument that is none of the accepted forms."""
+    from shardcache.daemon_client import DaemonClient
+
+    if daemon is None or isinstance(daemon, DaemonClient) or isinstance(daemon, str):
+        return
+    raise ConfigError(
+        f"daemon={daemon!r}: expected 'auto', 'required', None, a socket path or a DaemonClient"
+    )
+
+
+def make_client(daemon: DaemonSetting) -> DaemonClient | None:
+    """The DaemonClient a setting names (None: read shards directly)."""
+    from shardcache.daemon_client import DaemonClient
+
+    if daemon is None:
+        return None
+    if isinstance(daemon, DaemonClient):
+        return daemon
+    if daemon == "auto":
+        return DaemonClient()
+    if daemon == "required":
+        return DaemonClient(required=True)
+    return DaemonClient(socket=str(daemon))
+
+
+class ShardOpener:
+    """Opens shards in one reader process; created lazily so each DataLoader worker has its own connection."""
+
+    def __init__(self, daemon: DaemonSetting) -> None:
+        self.client = make_client(daemon)
+
+    @contextlib.contextmanager
+    def open(self, ref: ShardRef, plan: str | None = None) -> Iterator[BinaryIO]:
+        """Open one shard (a real file with fileno() on the daemon's path handoff or a local read)."""
+        if self.client is None:
+            from shardcache.daemon_client import open_direct
+
+            with open_direct(ref.url) as f:
+                yield f
+            return
+        with self.client.open(ref.url, plan=plan, size=ref.size, checksum=ref.checksum) as f:
+            yield f
+
+    @contextlib.contextmanager
+    def open_buffer(self, ref: ShardRef, plan: str | None = None) -> Iterator[mmap.mmap | IO[bytes]]:
+        """Open one shard as an mmap when it is a real file, else as the readable stream it is."""
+        with self.open(ref, plan) as f:
+            mapped = try_mmap(f)
+            if mapped is None:
+                yield f
+                return
+            try:
+                yield mapped
+            finally:
+                # Samples hold bytes copies, never views, so closing the map here is safe.
+                mapped.close()
+
+
+def try_mmap(f: IO[bytes]) -> mmap.mmap | None:
+    """An mmap of `f` from its current start, or None when `f` is a stream or empty."""
+    try:
+        fd = f.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # empty file, or a pipe/socket descriptor
+        return None

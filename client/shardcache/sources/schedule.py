@@ -1,0 +1,111 @@
+"""Shard order per slot and epoch, and the plans that announce it to the daemon.
+
+Orders are deterministic from (seed, epoch, round): every rank and worker computes the same permutation, and
+slot s takes the positions i with (round * n + i) % total_slots == s, so without resampling each unit is read
+by exactly one slot per epoch, and with resampling successive rounds rotate units across slots.
+
+Plans (the client side of the daemon's Belady planner): when a slot starts an epoch it registers its ordered
+shard URLs for this epoch and the next, opens shards with the current plan id, and deletes the plan when
+the epoch's iteration ends. Nothing here runs with `daemon=None`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from shardcache.context import RuntimeContext
+
+if TYPE_CHECKING:
+    from shardcache.daemon_client import DaemonClient
+
+logger = logging.getLogger(__name__)
+
+JOB_ENV = "SHARDCACHE_JOB"
+
+
+def permutation(n: int, seed: int, epoch: int, round_index: int = 0) -> list[int]:
+    """The permutation of range(n) for (seed, epoch, round); a str seed hashes the same in every process."""
+    order = list(range(n))
+    random.Random(f"shardcache:{seed}:{epoch}:{round_index}").shuffle(order)
+    return order
+
+
+def slot_order(
+    n: int, ctx: RuntimeContext, epoch: int, round_index: int = 0, shuffle: bool = True
+) -> list[int]:
+    """Indices of the units slot `ctx.slot` reads in this epoch and round, in reading order."""
+    order = permutation(n, ctx.seed, epoch, round_index) if shuffle else list(range(n))
+    total, slot, base = ctx.total_slots, ctx.slot, round_index * n
+    return [u for i, u in enumerate(order) if (base + i) % total == slot]
+
+
+def job_id(urls: Sequence[str], seed: int) -> str:
+    """`SHARDCACHE_JOB`, else a stable hash of the shard list and seed (same on every rank)."""
+    from_env = os.environ.get(JOB_ENV)
+    if from_env:
+        return from_env
+    digest = hashlib.sha256(f"{seed}\n".encode())
+    for url in urls:
+        digest.update(url.encode())
+        digest.update(b"\n")
+    return f"job-{digest.hexdigest()[:16]}"
+
+
+def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for url in urls:
+        if not out or out[-1] != url:
+            out.append(url)
+    return out
+
+
+class PlanTracker:
+    """Registers one slot's plans for the current and next epoch (or round) and deletes them when done."""
+
+    def __init__(self, client: DaemonClient | None, job: str, slot: int) -> None:
+        self.client = client
+        self.job = job
+        self.slot = slot
+        self.current: str | None = None
+        self._following: tuple[int, str] | None = None
+
+    def start(self, epoch: int, urls_now: Sequence[str], urls_next: Sequence[str]) -> str | None:
+        """Announce this epoch's and the next epoch's orders; the current plan id (None: no daemon)."""
+        if self.client is None:
+            return None
+        self.finish()
+        if self._following is not None and self._following[0] == epoch:
+            # The plan announced as "next" during the previous epoch becomes the current one.
+            self.current = self._following[1]
+        else:
+            self._drop_following()
+            self.current = self.client.register_plan(
+                self.job, self.slot, epoch, _dedupe_consecutive(urls_now)
+            )
+        following = self.client.register_plan(self.job, self.slot, epoch + 1, _dedupe_consecutive(urls_next))
+        self._following = None if following is None else (epoch + 1, following)
+        logger.debug(
+            "registered plan %s for job %s slot %d epoch %d", self.current, self.job, self.slot, epoch
+        )
+        return self.current
+
+    def finish(self) -> None:
+        """The epoch's iteration ended: delete its plan; the next epoch's plan stays for the daemon to see."""
+        if self.client is not None and self.current is not None:
+            self.client.delete_plan(self.current)
+        self.current = None
+
+    def close(self) -> None:
+        """Delete every plan this tracker registered (quietly when the daemon is gone)."""
+        self.finish()
+        self._drop_following()
+
+    def _drop_following(self) -> None:
+        if self.client is not None and self._following is not None:
+            self.client.delete_plan(self._following[1])
+        self._following = None

@@ -1,0 +1,222 @@
+"""A tar reader written by hand for the hot path.
+
+Why not `tarfile`: it builds a TarInfo object per member and reads through a file object, which caps a
+pipeline at roughly WebDataset's speed (~25-30k samples/s of 4 KB here). Walking the 512-byte headers of an
+mmap of the local file the daemon hands back costs a few slices per member, about 10x faster. Handled:
+ustar (with the name prefix), GNU long names (`././@LongLink`, type L), pax headers (type x: path, size),
+base-256 sizes; directories, links and other non-files are skipped. A header that cannot be parsed, or
+data running past the end of the file, raises CorruptShardError naming the shard and the member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, Protocol
+
+from shardcache.errors import CorruptShardError
+
+BLOCK = 512
+_ZERO_BLOCK = bytes(BLOCK)
+_REGULAR = (0x30, 0x00, 0x37)  # '0', NUL (old tar), '7' (contiguous)
+_GNU_LONGNAME = 0x4C  # 'L'
+_GNU_LONGLINK = 0x4B  # 'K'
+_PAX = 0x78  # 'x'
+_PAX_GLOBAL = 0x67  # 'g'
+
+
+class Buffer(Protocol):
+    """What the fast path needs from its input: `mmap.mmap` and `bytes` both slice to bytes."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, key: slice, /) -> bytes: ...
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = header[148:156].split(b"\0", 1)[0].strip()
+    try:
+        expected = int(stored or b"0", 8)
+    except ValueError:
+        return False
+    return sum(header[:148]) + 8 * 32 + sum(header[156:]) == expected
+
+
+def _parse_size(field: bytes) -> int:
+    if field[0] & 0x80:  # GNU base-256 for sizes of 8 GiB and more
+        value = int.from_bytes(field[1:], "big")
+        return value
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+def _parse_header(header: bytes, shard: str, previous: str | None) -> tuple[str, int, int]:
+    """(name, size, typeflag) of one header block, or CorruptShardError."""
+    if header[257:262] != b"ustar" and not _checksum_ok(header):
+        # No ustar magic: accept only a valid v7 header (checksum matches); anything else is garbage.
+        raise CorruptShardError(shard, "invalid tar header (bad magic and checksum)", _after(previous))
+    try:
+        size = _parse_size(header[124:136])
+    except ValueError as exc:
+        raise CorruptShardError(shard, "invalid size field in tar header", _after(previous)) from exc
+    name = header[0:100].split(b"\0", 1)[0]
+    prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
+    if prefix:
+        name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape"), size, header[156]
+
+
+def _after(previous: str | None) -> str | None:
+    return None if previous is None else f"after {previous}"
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
+    """Yield (name, offset, size) of each regular file in a tar held in `buf` (an mmap or bytes)."""
+    n = len(buf)
+    pos = 0
+    long_name: str | None = None
+    pax: dict[str, str] | None = None
+    name: str | None = None
+    while pos < n:
+        if pos + BLOCK > n:
+            raise CorruptShardError(shard, "truncated tar header", _after(name))
+        header = buf[pos : pos + BLOCK]
+        if header == _ZERO_BLOCK:
+            return
+        member, size, kind = _parse_header(header, shard, name)
+        start = pos + BLOCK
+        if pax is not None and "size" in pax:
+            size = int(pax["size"])
+        end = start + size
+        if end > n:
+            raise CorruptShardError(
+                shard, f"member data runs past the end of the file ({end} > {n} bytes)", member
+            )
+        pos = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        if kind == _GNU_LONGNAME:
+            long_name = buf[start:end].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        if kind == _PAX:
+            try:
+                pax = _pax_records(buf[start:end])
+            except ValueError as exc:
+                raise CorruptShardError(shard, "malformed pax header", _after(name)) from exc
+            continue
+        if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
+            continue
+        if long_name is not None:
+            member, long_name = long_name, None
+        if pax is not None:
+            member = pax.get("path", member)
+            pax = None
+        name = member
+        if kind in _REGULAR:
+            yield member, start, size
+
+
+def iter_members_stream(f: IO[bytes], shard: str) -> Iterator[tuple[str, bytes]]:
+    """Yield (name, data) of each regular file of a tar read sequentially from a non-seekable stream."""
+    long_name: str | None = None
+    pax: dict[str, str] | None = None
+    name: str | None = None
+    while True:
+        header = _read_exact(f, BLOCK, shard, name, allow_eof=True)
+        if not header or header == _ZERO_BLOCK:
+            return
+        member, size, kind = _parse_header(header, shard, name)
+        if pax is not None and "size" in pax:
+            size = int(pax["size"])
+        data = _read_exact(f, size, shard, member)
+        padding = (-size) % BLOCK
+        if padding:
+            _read_exact(f, padding, shard, member, allow_eof=True)
+        if kind == _GNU_LONGNAME:
+            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            continue
+        if kind == _PAX:
+            pax = _pax_records(data)
+            continue
+        if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
+            continue
+        if long_name is not None:
+            member, long_name = long_name, None
+        if pax is not None:
+            member = pax.get("path", member)
+            pax = None
+        name = member
+        if kind in _REGULAR:
+            yield member, data
+
+
+def _read_exact(f: IO[bytes], size: int, shard: str, member: str | None, *, allow_eof: bool = False) -> bytes:
+    chunks = []
+    left = size
+    while left > 0:
+        chunk = f.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    if left and not (allow_eof and not data):
+        what = "header" if size == BLOCK and member is None else "member data"
+        raise CorruptShardError(shard, f"truncated tar {what} ({len(data)} of {size} bytes)", member)
+    return data
+
+
+def split_key(name: str, key_dot_level: int) -> tuple[str, str] | None:
+    """(key, field) of a member name: `a.b.jpg` is ("a", "b.jpg") at level 1, ("a.b", "jpg") at level 2."""
+    base = name.rpartition("/")[2]
+    if base.startswith("__") and base.endswith("__"):
+        return None
+    if key_dot_level == 1:
+        key, dot, field = base.partition(".")
+        return (key, field) if dot and key and field else None
+    parts = base.split(".")
+    if len(parts) <= key_dot_level:
+        return None
+    return ".".join(parts[:key_dot_level]), ".".join(parts[key_dot_level:])
+
+
+def group_samples(
+    members: Iterator[tuple[str, bytes]], shard: str, key_dot_level: int = 1
+) -> Iterator[dict[str, object]]:
+    """Group consecutive `<key>.<field>` members into samples (`__key__`, `__shard__`, index)."""
+    sample: dict[str, object] | None = None
+    current: str | None = None
+    index = 0
+    for name, data in members:
+        kf = split_key(name, key_dot_level)
+        if kf is None:
+            continue
+        key, field = kf
+        if key != current:
+            if sample is not None:
+                yield sample
+                index += 1
+            current = key
+            sample = {"__key__": key, "__shard__": shard, "__index_in_shard__": index}
+        elif field in sample:  # type: ignore[operator]
+            raise CorruptShardError(shard, f"duplicate field {field!r} for key {key!r}", name)
+        sample[field] = data  # type: ignore[index]
+    if sample is not None:
+        yield sample
+
+
+def iter_tar_samples(buf: Buffer, shard: str, key_dot_level: int = 1) -> Iterator[dict[str, object]]:
+    """Samples of a tar held in an mmap or bytes (the fast path)."""
+    return group_samples(((m, buf[o : o + s]) for m, o, s in iter_members(buf, shard)), shard, key_dot_level)
+
+
+def iter_tar_samples_stream(f: IO[bytes], shard: str, key_dot_level: int = 1) -> Iterator[dict[str, object]]:
+    """Samples of a tar read sequentially from a stream (the fallback when the shard is not a local file)."""
+    return group_samples(iter_members_stream(f, shard), shard, key_dot_level)

@@ -1,0 +1,121 @@
+"""The "tars" source: WebDataset-style tar shards, samples grouped by key, optional sidecar shards."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from shardcache.errors import ConfigError, CorruptShardError
+from shardcache.shards import ShardRef
+from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream
+
+logger = logging.getLogger(__name__)
+
+KEY_DOT_LEVEL_ENV = "LOADER_TAR_KEY_DOT_LEVEL"
+ON_CORRUPT = ("raise", "skip")
+_END = object()
+
+
+def key_dot_level() -> int:
+    raw = os.environ.get(KEY_DOT_LEVEL_ENV, "1")
+    try:
+        level = int(raw)
+    except ValueError:
+        level = 0
+    if level < 1:
+        raise ConfigError(f"{KEY_DOT_LEVEL_ENV}={raw!r}: must be an integer >= 1")
+    return level
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Validate the tars keyword arguments."""
+    if options.get("on_corrupt", "raise") not in ON_CORRUPT:
+        raise ConfigError(f"on_corrupt={options['on_corrupt']!r}: expected one of {ON_CORRUPT}")
+    sidecars = options.get("sidecars")
+    if sidecars is not None:
+        if not isinstance(sidecars, Sequence) or isinstance(sidecars, str):
+            raise ConfigError("sidecars=: expected a list of (name, shard -> sidecar shard function) pairs")
+        for entry in sidecars:
+            if not (isinstance(entry, tuple | list) and len(entry) == 2 and callable(entry[1])):
+                raise ConfigError(f"sidecars=: entry {entry!r} is not a (name, function) pair")
+
+
+class TarsSource(SourceNode):
+    def units(self) -> list[Unit]:
+        shards = self.spec.shards
+        if len(shards) < self.ctx.total_slots:
+            raise ConfigError(
+                f"shards: {len(shards)} tar shards cannot feed {self.ctx.total_slots} slots "
+                f"(ranks x workers); give at least one shard per slot or use fewer workers"
+            )
+        return [Unit(ref) for ref in shards]
+
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+        level = key_dot_level()
+        skip_corrupt = self.spec.options.get("on_corrupt", "raise") == "skip"
+        sidecars = self.spec.options.get("sidecars") or ()
+        url = unit.ref.url
+        try:
+            with ExitStack() as stack:
+                samples = self._open(stack, unit.ref, plan, level)
+                if sidecars:
+                    samples = self._zip_sidecars(stack, samples, url, sidecars, level)
+                if start:
+                    samples = itertools.islice(samples, start, None)
+                yield from samples
+        except CorruptShardError as exc:
+            if not skip_corrupt:
+                raise
+            self.skipped_corrupt += 1
+            logger.warning(
+                "skipping the rest of corrupt shard %s (%s); %d skipped so far",
+                url,
+                exc,
+                self.skipped_corrupt,
+            )
+
+    def _open(
+        self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
+    ) -> Iterator[dict[str, Any]]:
+        buf = stack.enter_context(self.opener.open_buffer(ref, plan))
+        if hasattr(buf, "read"):
+            return iter_tar_samples_stream(buf, ref.url, level)  # type: ignore[arg-type]
+        return iter_tar_samples(buf, ref.url, level)  # type: ignore[arg-type]
+
+    def _zip_sidecars(
+        self,
+        stack: ExitStack,
+        main: Iterator[dict[str, Any]],
+        url: str,
+        sidecars: Sequence[tuple[str, Callable[[str], str]]],
+        level: int,
+    ) -> Iterator[dict[str, Any]]:
+        others = [(name, self._open(stack, ShardRef(fn(url)), None, level)) for name, fn in sidecars]
+        for group in itertools.zip_longest(main, *(it for _, it in others), fillvalue=_END):
+            if any(s is _END for s in group):
+                raise ConfigError(
+                    f"sidecars: shard {url} and its sidecar shards hold different numbers of samples "
+                    f"({', '.join(name for name, _ in others)})"
+                )
+            sample = group[0]
+            key = sample["__key__"]
+            for (name, _), extra in zip(others, group[1:], strict=True):
+                if extra["__key__"] != key:
+                    raise ConfigError(
+                        f"sidecars: sidecar {name!r} of shard {url} has key {extra['__key__']!r} "
+                        f"where the shard has {key!r}; sidecars must list the same keys in the same order"
+                    )
+                for k, v in extra.items():
+                    if k[:2] == "__" and k[-2:] == "__":
+                        continue
+                    if k in sample:
+                        raise ConfigError(
+                            f"sidecars: field {k!r} of sidecar {name!r} also exists in {url} (key {key!r})"
+                        )
+                    sample[k] = v
+            yield sample

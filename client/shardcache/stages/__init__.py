@@ -1,0 +1,26 @@
+"""Pipeline stages: one module per stage, each a frozen spec (`.kind`, `.node(up, ctx)`) and its iterator."""
+
+from __future__ import annotations
+
+from shardcache.stages.assemble import AssembleStage
+from shardcache.stages.base import Node
+from shardcache.stages.batch import BatchStage
+from shardcache.stages.cache import CacheStage
+from shardcache.stages.map import MapStage
+from shardcache.stages.select import SelectStage
+from shardcache.stages.shuffle import ShuffleStage
+from shardcache.stages.unbatch import UnbatchStage
+
+Stage = MapStage | SelectStage | ShuffleStage | AssembleStage | BatchStage | UnbatchStage | CacheStage
+
+__all__ = [
+    "AssembleStage",
+    "BatchStage",
+    "CacheStage",
+    "MapStage",
+    "Node",
+    "SelectStage",
+    "ShuffleStage",
+    "Stage",
+    "UnbatchStage",
+]

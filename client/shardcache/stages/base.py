@@ -1,0 +1,130 @@
+"""The one contract every source and stage iterator follows (torchdata.nodes style).
+
+A node is an iterator with `state_dict()` (small, JSON-serialisable, the position BEFORE the next item) and
+`load_state_dict(state)` (called before the first item). Nodes pull from their upstream's generator
+directly (`upstream.iterator()`), so a pipeline costs one generator frame per stage per sample and no
+per-sample method dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from shardcache.errors import StateError
+
+State = dict[str, Any]
+
+
+class Node:
+    """Base of every source and stage iterator."""
+
+    def __init__(self) -> None:
+        self._it: Iterator[Any] | None = None
+
+    def gen(self) -> Iterator[Any]:
+        """The generator of this node's items; subclasses implement it."""
+        raise NotImplementedError
+
+    def iterator(self) -> Iterator[Any]:
+        """This node's running generator (created on first use, after any `load_state_dict`)."""
+        if self._it is None:
+            self._it = self.gen()
+        return self._it
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it if self._it is not None else self.iterator())
+
+    def state_dict(self) -> State:
+        """The position before the next item."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: State) -> None:
+        """Resume from `state`; only before the first item."""
+        raise NotImplementedError
+
+    def _check_not_started(self) -> None:
+        if self._it is not None:
+            raise StateError("load_state_dict must be called before iteration starts; build a new iterator")
+
+    def close(self) -> None:
+        """Release resources (open shards, daemon plans)."""
+        if self._it is not None and hasattr(self._it, "close"):
+            self._it.close()
+
+
+class StatelessNode(Node):
+    """A 1:1 or filtering stage whose position is its upstream's (map, select)."""
+
+    def __init__(self, up: Node) -> None:
+        super().__init__()
+        self.up = up
+
+    def state_dict(self) -> State:
+        return {"up": self.up.state_dict()}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        self.up.load_state_dict(_field(state, "up", dict))
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()
+
+
+class ReplayNode(Node):
+    """A stage resumed by replay: the state is the upstream position where this stage started plus the number
+    of items it emitted since; loading re-reads from there and drops that many outputs.
+
+    Exact and small (no sample data), at the cost of re-reading the upstream since the stage's start on
+    resume. Used for shuffle and for assemblers without their own state.
+    # TODO(resume, issue 6): a cheaper native state for shuffle (e.g. periodic buffer checkpoints).
+    """
+
+    def __init__(self, up: Node) -> None:
+        super().__init__()
+        self.up = up
+        self._start: State | None = None
+        self._emitted = 0
+        self._skip = 0
+
+    def produce(self, items: Iterator[Any]) -> Iterator[Any]:
+        """The stage's outputs for the upstream `items`; subclasses implement it."""
+        raise NotImplementedError
+
+    def gen(self) -> Iterator[Any]:
+        self._start = self.up.state_dict()
+        emitted = 0
+        skip = self._skip
+        for item in self.produce(self.up.iterator()):
+            emitted += 1
+            self._emitted = emitted
+            if emitted > skip:
+                yield item
+
+    def state_dict(self) -> State:
+        start = self._start if self._start is not None else self.up.state_dict()
+        return {"up": start, "emitted": self._emitted}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        self.up.load_state_dict(_field(state, "up", dict))
+        self._skip = self._emitted = _field(state, "emitted", int)
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()
+
+
+def _field(state: State, name: str, kind: type) -> Any:
+    if not isinstance(state, dict) or not isinstance(state.get(name), kind):
+        raise StateError(
+            f"resume state is missing {name!r} ({kind.__name__}); it was not taken from this pipeline"
+        )
+    return state[name]
+
+
+field = _field

@@ -1,0 +1,28 @@
+"""`.cache(...)`: the boundary before which outputs are materialised once into a local Lance dataset.
+
+This module holds only the stage spec; `shardcache.cache` (imported lazily) does the materialising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError
+from shardcache.stages.base import Node
+
+
+@dataclass(frozen=True)
+class CacheStage:
+    """Materialise everything before this stage; the options are `.cache()`'s keyword arguments."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    kind: ClassVar[str] = "cache"
+
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
+        raise ConfigError("a cache stage is resolved by Dataset iteration, not built as a node")
+
+    def describe(self) -> str:
+        return f"cache({sorted(self.options.items())})"

@@ -1,0 +1,40 @@
+"""`.map(fn)`: a per-sample transform."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shardcache.context import RuntimeContext
+from shardcache.stages.base import Node, StatelessNode
+
+
+@dataclass(frozen=True)
+class MapStage:
+    """Apply `fn` to every sample."""
+
+    fn: Callable[[Any], Any]
+    kind: ClassVar[str] = "map"
+
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
+        return MapNode(up, self.fn)
+
+    def describe(self) -> str:
+        return f"map({_callable_name(self.fn)})"
+
+
+class MapNode(StatelessNode):
+    def __init__(self, up: Node, fn: Callable[[Any], Any]) -> None:
+        super().__init__(up)
+        self.fn = fn
+
+    def gen(self) -> Iterator[Any]:
+        return map(self.fn, self.up.iterator())
+
+
+def _callable_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+callable_name = _callable_name

@@ -1,0 +1,44 @@
+"""`.select(fields)`: keep some user fields, and always the `__x__` metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shardcache.context import RuntimeContext
+from shardcache.stages.base import Node, StatelessNode
+
+
+@dataclass(frozen=True)
+class SelectStage:
+    """Project each sample onto `fields` plus its metadata (`__key__`, `__shard__`, ...)."""
+
+    fields: tuple[str, ...]
+    kind: ClassVar[str] = "select"
+
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
+        return SelectNode(up, self.fields)
+
+    def describe(self) -> str:
+        return f"select({','.join(self.fields)})"
+
+
+class SelectNode(StatelessNode):
+    def __init__(self, up: Node, fields: tuple[str, ...]) -> None:
+        super().__init__(up)
+        self.fields = fields
+
+    def gen(self) -> Iterator[Any]:
+        fields = self.fields
+        for sample in self.up.iterator():
+            out = {k: v for k, v in sample.items() if k[:2] == "__" and k[-2:] == "__"}
+            for name in fields:
+                try:
+                    out[name] = sample[name]
+                except KeyError:
+                    where = sample.get("__key__", "?")
+                    raise KeyError(
+                        f"select: sample {where!r} has no field {name!r} (fields: {sorted(sample)})"
+                    ) from None
+            yield out

@@ -1,0 +1,75 @@
+"""`.unbatch()`: flatten batches (lists, tuples, or dicts of equal-length columns) back into samples."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shardcache.context import RuntimeContext
+from shardcache.stages.base import Node, State, field
+
+
+@dataclass(frozen=True)
+class UnbatchStage:
+    """Yield the items of each batch."""
+
+    kind: ClassVar[str] = "unbatch"
+
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
+        return UnbatchNode(up)
+
+    def describe(self) -> str:
+        return "unbatch()"
+
+
+def items_of(batch: Any) -> list[Any]:
+    """The samples of one batch."""
+    if isinstance(batch, Mapping):
+        keys = list(batch)
+        columns = [batch[k] for k in keys]
+        return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+    return list(batch)
+
+
+class UnbatchNode(Node):
+    """State: the upstream position before the current batch, and how many of its items were emitted."""
+
+    def __init__(self, up: Node) -> None:
+        super().__init__()
+        self.up = up
+        self._before: State | None = None
+        self._done = 0
+
+    def gen(self) -> Iterator[Any]:
+        up = self.up
+        it = up.iterator()
+        skip = self._done
+        while True:
+            before = up.state_dict()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self._before = before
+            items = items_of(batch)
+            for done in range(skip, len(items)):
+                self._done = done + 1
+                yield items[done]
+            skip = 0
+            self._done = 0
+            self._before = None
+
+    def state_dict(self) -> State:
+        if self._before is None:
+            return {"up": self.up.state_dict(), "done": 0 if self._it is not None else self._done}
+        return {"up": self._before, "done": self._done}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        self.up.load_state_dict(field(state, "up", dict))
+        self._done = field(state, "done", int)
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()
