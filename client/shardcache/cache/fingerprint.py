@@ -162,7 +162,9 @@ class Fingerprinter:
             return
         if not self._once(fn, label):
             return
-        self._emit("function", label.encode())
+        # The module's name is left out: one function is `__main__.f` in a script, `__mp_main__.f` in its
+        # spawned workers, and `pkg.mod.f` or `mod.f` depending on sys.path; its code is what matters.
+        self._emit("function", fn.__qualname__.encode())
         self._code(fn.__code__, depth)
         self.add(fn.__defaults__, depth + 1)
         self.add(fn.__kwdefaults__, depth + 1)
@@ -215,7 +217,7 @@ class Fingerprinter:
             return
         if not self._once(cls, label):
             return
-        self._emit("class", label.encode())
+        self._emit("class", cls.__qualname__.encode())
         for base in cls.__bases__:
             self.add(base, depth + 1)
         for name in sorted(vars(cls)):
@@ -233,7 +235,9 @@ class Fingerprinter:
         if _is_library(module.__name__):
             self._library(module.__name__, "")
         else:
-            self._emit("module", module.__name__.encode())
+            self._emit(
+                "module", module.__name__.rsplit(".", 1)[-1].replace("__mp_main__", "__main__").encode()
+            )
 
     def _object(self, value: Any, depth: int) -> None:
         cls = type(value)
