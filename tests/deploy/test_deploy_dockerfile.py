@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from deploy_files import DOCS, REPO
+from .deploy_files import DOCS, REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 

@@ -14,8 +14,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from deploy_files import DEPLOY
 from kubernetes_validate import utils as k8s_validate
+
+from .deploy_files import DEPLOY
 
 K8S = DEPLOY / "k8s"
 # The oldest Kubernetes minor still commonly run, and the newest the validator knows.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy_files import DESIGN_METRICS, DOCS, documented_metrics, recorded_names
+from .deploy_files import DESIGN_METRICS, DOCS, documented_metrics, recorded_names
 
 
 def test_every_contract_metric_is_documented_with_its_type() -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from deploy_files import (
+
+from .deploy_files import (
     PROMETHEUS,
     RULES_FILE,
     documented_metrics,
     load_rules,
     promql_metric_names,
+    require_tool,
     series_names,
 )
-
-from conftest import require_tool
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

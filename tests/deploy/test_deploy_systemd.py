@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_files import DEPLOY
 
-from conftest import require_tool
+from .deploy_files import DEPLOY, require_tool
 
 UNIT = DEPLOY / "systemd" / "shardcached.service"
 ENV_FILE = DEPLOY / "systemd" / "shardcached.env"
@@ -119,9 +118,10 @@ def test_unit_is_hardened() -> None:
 
 def test_readiness_does_not_claim_sd_notify() -> None:
     unit = _directives(UNIT)
-    # The daemon sends no sd_notify: Type=notify would time out. Readiness is the socket appearing.
+    # The daemon sends no sd_notify: Type=notify would time out. Readiness is the API answering.
     assert _one(unit, "Type") == "exec"
-    assert "/run/shardcache/shardcache.sock" in _one(unit, "ExecStartPost")
+    assert "shardcache stats" in _one(unit, "ExecStartPost")
+    assert "SHARDCACHE_SOCKET=/run/shardcache/shardcache.sock" in unit["Service.Environment"]
 
 
 def test_environment_file_sets_capacity_and_an_allow_list() -> None:
