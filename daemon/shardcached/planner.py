@@ -225,6 +225,15 @@ class Planner:
             return None
         return max(0.0, (when - now) / ref)
 
+    def next_use_at(self, url: str) -> float | None:
+        """Estimated clock time of the nearest planned use of `url` (may lie in the past when overdue).
+
+        Unlike `next_use` this is never clamped, so it orders any two shards exactly as eviction does.
+        """
+        now = self._clock()
+        self._maybe_expire(now)
+        return self._next_time(url, now, self._reference_interval())
+
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
         """Which resident, evictable shard to evict to make room for `incoming`.
 

@@ -44,7 +44,7 @@ class Node:
                     victim = self.planner.choose_victim(self.resident, incoming=url)
                     if victim is None:
                         break
-                    wanted, gone = self.planner.next_use(url), self.planner.next_use(victim)
+                    wanted, gone = self.planner.next_use_at(url), self.planner.next_use_at(victim)
                     assert wanted is not None
                     assert gone is None or gone > wanted, f"evicted {victim} ({gone}) for {url} ({wanted})"
                     self.resident.remove(victim)
