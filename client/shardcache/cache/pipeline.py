@@ -47,8 +47,12 @@ def iterate_part(pre: Any, context: Any, workers: int) -> Iterator[dict[str, Any
     """
     stages = list(pre.stages)
     if any(stage.kind == "cache" for stage in stages):
-        # An earlier .cache() boundary: the pipeline resolves it (materialising it first) when iterating.
-        yield from pre.with_context(context)
+        # An earlier .cache() boundary: the pipeline resolves it (materialising it first) when building.
+        inner: Node = pre.build(context)
+        try:
+            yield from inner
+        finally:
+            inner.close()
         return
     lead = 0
     while lead < len(stages) and stages[lead].kind == "map":
