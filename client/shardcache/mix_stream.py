@@ -77,11 +77,18 @@ class PassStream:
                     ) from None
                 self.pass_index += 1
                 self.taken_in_pass = 0
-                self._it = None
+                self.close()
                 continue
             self.taken_in_pass += 1
             self.taken += 1
             return item
+
+    def close(self) -> None:
+        """Close the current pass's iterator (open shards, daemon plans), if it can be closed."""
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
     def state_dict(self) -> dict[str, Any]:
         """Pass, counts and the inner iterator's state."""
