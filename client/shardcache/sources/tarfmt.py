@@ -102,6 +102,8 @@ def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
                 shard, f"member data runs past the end of the file ({end} > {n} bytes)", member
             )
         pos = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
+        if pos > n:
+            raise CorruptShardError(shard, "truncated tar file (member padding missing)", member)
         if kind == _GNU_LONGNAME:
             long_name = buf[start:end].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
@@ -138,7 +140,7 @@ def iter_members_stream(f: IO[bytes], shard: str) -> Iterator[tuple[str, bytes]]
         data = _read_exact(f, size, shard, member)
         padding = (-size) % BLOCK
         if padding:
-            _read_exact(f, padding, shard, member, allow_eof=True)
+            _read_exact(f, padding, shard, member)
         if kind == _GNU_LONGNAME:
             long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -83,9 +84,9 @@ class TarsSource(SourceNode):
         self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
     ) -> Iterator[dict[str, Any]]:
         buf = stack.enter_context(self.opener.open_buffer(ref, plan))
-        if hasattr(buf, "read"):
-            return iter_tar_samples_stream(buf, ref.url, level)  # type: ignore[arg-type]
-        return iter_tar_samples(buf, ref.url, level)  # type: ignore[arg-type]
+        if isinstance(buf, mmap.mmap):
+            return iter_tar_samples(buf, ref.url, level)
+        return iter_tar_samples_stream(buf, ref.url, level)
 
     def _zip_sidecars(
         self,

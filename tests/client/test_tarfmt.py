@@ -1,0 +1,96 @@
+"""The hand-written tar reader against Python's tarfile: formats, long names, truncation, streaming."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from pipeline_support import write_tar
+
+from shardcache.errors import CorruptShardError
+from shardcache.sources.tarfmt import iter_members, iter_tar_samples, iter_tar_samples_stream, split_key
+
+LONG = "d/" + "x" * 150 + "/k1.txt"
+
+
+def members_by_tarfile(path: Path) -> list[tuple[str, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]  # type: ignore[union-attr]
+
+
+def members_by_ours(path: Path) -> list[tuple[str, bytes]]:
+    data = path.read_bytes()
+    return [(name, data[o : o + s]) for name, o, s in iter_members(data, str(path))]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_members_match_tarfile_for_each_format(tmp_path: Path, fmt: int) -> None:
+    names = [("a.txt", b"1"), ("b.bin", b"x" * 1000), ("p" * 90 + "/" + "y" * 60 + ".txt", b"prefixed")]
+    if fmt != tarfile.USTAR_FORMAT:
+        names.append((LONG, b"very long"))
+        names.append(("ünï.txt", b"utf8"))
+    path = write_tar(tmp_path / "t.tar", names, fmt)
+    assert members_by_ours(path) == members_by_tarfile(path)
+
+
+def test_directories_and_links_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w") as tar:
+        d = tarfile.TarInfo("dir")
+        d.type = tarfile.DIRTYPE
+        tar.addfile(d)
+        link = tarfile.TarInfo("dir/l.txt")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "x"
+        tar.addfile(link)
+        f = tarfile.TarInfo("dir/k.txt")
+        f.size = 2
+        tar.addfile(f, io.BytesIO(b"ok"))
+    assert members_by_ours(path) == [("dir/k.txt", b"ok")]
+
+
+def test_samples_group_members_by_key(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", [("a.txt", b"1"), ("a.json", b"{}"), ("b.txt", b"2")])
+    samples = list(iter_tar_samples(path.read_bytes(), "u"))
+    assert samples == [
+        {"__key__": "a", "__shard__": "u", "__index_in_shard__": 0, "txt": b"1", "json": b"{}"},
+        {"__key__": "b", "__shard__": "u", "__index_in_shard__": 1, "txt": b"2"},
+    ]
+
+
+def test_stream_reader_yields_the_same_samples(tmp_path: Path) -> None:
+    path = write_tar(
+        tmp_path / "t.tar", [(f"k{i}.txt", bytes([i]) * (i * 37)) for i in range(20)], tarfile.PAX_FORMAT
+    )
+    with open(path, "rb") as f:
+        streamed = list(iter_tar_samples_stream(f, "u"))
+    assert streamed == list(iter_tar_samples(path.read_bytes(), "u"))
+
+
+@pytest.mark.parametrize("cut", [700, 1500])
+def test_truncated_shard_names_shard_and_member(tmp_path: Path, cut: int) -> None:
+    path = write_tar(tmp_path / "t.tar", [("a.txt", b"x" * 600), ("b.txt", b"y" * 600)])
+    data = path.read_bytes()[:cut]
+    with pytest.raises(CorruptShardError) as err:
+        list(iter_tar_samples(data, "s3://b/t.tar"))
+    assert "s3://b/t.tar" in str(err.value)
+    assert err.value.member is not None
+    with pytest.raises(CorruptShardError):
+        list(iter_tar_samples_stream(io.BytesIO(data), "s3://b/t.tar"))
+
+
+def test_garbage_header_is_corrupt(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", [("a.txt", b"x")])
+    data = bytearray(path.read_bytes())
+    data[1024:1536] = b"\x07" * 512
+    with pytest.raises(CorruptShardError, match="invalid tar header"):
+        list(iter_tar_samples(bytes(data), "t.tar"))
+
+
+def test_key_dot_level_splits_key_and_field() -> None:
+    assert split_key("abc.extra.jpg", 1) == ("abc", "extra.jpg")
+    assert split_key("dir/abc.extra.jpg", 2) == ("abc.extra", "jpg")
+    assert split_key("noext", 1) is None
+    assert split_key("__meta__", 1) is None
