@@ -159,15 +159,12 @@ def main(argv: list[str] | None = None) -> None:
         )
         for name, value in best.items():
             print(f"  {name:32s} {value:>10,.0f} samples/s")
-        print(
-            f"  ratio shardcache / webdataset      {best['shardcache'] / best['webdataset']:.2f}x  (target >= 4x)"
-        )
+        ours, wds = best["shardcache"], best["webdataset"]
+        print(f"  ratio shardcache / webdataset      {ours / wds:.2f}x  (target >= 4x)")
         print(f"  ratio shardcache / tarfile         {best['shardcache'] / best['tarfile']:.2f}x")
         print(f"  ratio tarfile / webdataset         {best['tarfile'] / best['webdataset']:.2f}x")
         if args.daemon:
-            print(
-                f"  ratio shardcache+daemon / webdataset {best['shardcache+daemon'] / best['webdataset']:.2f}x"
-            )
+            print(f"  ratio shardcache+daemon / webdataset {best['shardcache+daemon'] / wds:.2f}x")
         if not args.no_loader:
             ours = best[f"shardcache TorchLoader({args.workers})"]
             theirs = best[f"webdataset DataLoader({args.workers})"]

@@ -50,7 +50,7 @@ def slot_contexts(total: int, workers: int = 1, **kw: Any) -> list[RuntimeContex
 
 
 class FakeDeviceMesh:
-    """A stand-in for torch's DeviceMesh (size/get_local_rank per named dim); a real one needs a process group."""
+    """A stand-in for torch's DeviceMesh (size/get_local_rank per dim); a real one needs a process group."""
 
     def __init__(self, dims: dict[str, int], coords: dict[str, int]) -> None:
         self.dims = dims
@@ -67,7 +67,7 @@ class FakeDeviceMesh:
 def assert_resumes(
     make: Callable[[], Dataset], points: Iterable[int], context: RuntimeContext | None = None
 ) -> None:
-    """The resume contract: a state taken after n items, loaded into a fresh pipeline, yields exactly the rest."""
+    """The resume contract: a state taken after n items, loaded into a fresh pipeline, yields the rest."""
     full = list(make().iter_context(context))
     for n in points:
         ds = make()
