@@ -1,0 +1,107 @@
+"""`Dataset.mini_epochs`: an epoch's shards cut into consecutive chunks, one Dataset per chunk (seed 001).
+
+A training loop over chunks trains, checkpoints and validates at chunk boundaries while every chunk stays a
+finite, ordinary Dataset (its own DataLoader, no infinite streaming). The chunks of epoch e are
+consecutive slices of the shard order the source itself uses for (seed, e), so the union of the chunks is
+exactly the epoch's shards, each once; the chunking changes with the epoch like any shard order.
+
+Within a chunk the source spreads the chunk's shards over the slots as usual, which needs at least one
+shard per slot (ranks × DataLoader workers): a chunk with fewer is refused here, with the numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from shardcache.context import RuntimeContext
+from shardcache.dataset import Dataset
+from shardcache.errors import ConfigError
+from shardcache.sources.schedule import permutation
+
+logger = logging.getLogger(__name__)
+
+
+def epoch_shard_order(dataset: Dataset, epoch: int | None = None) -> list[int]:
+    """Indices into ``dataset.source.shards`` in the order the source reads them in `epoch`."""
+    ctx = dataset.resolve_context()
+    return permutation(len(dataset.source.shards), ctx.seed, ctx.epoch if epoch is None else epoch)
+
+
+def mini_epochs(
+    dataset: Dataset,
+    shards_per_chunk: int,
+    *,
+    num_workers: int | None = None,
+    epoch: int | None = None,
+) -> list[Dataset]:
+    """Split this epoch's shard order into consecutive chunks, each a Dataset with the same stages.
+
+    Args:
+        dataset: A shard-backed pipeline (not resampling, no `.cache()` stage, not a mix).
+        shards_per_chunk: Shards per chunk; the last chunk holds the rest.
+        num_workers: DataLoader workers per rank that will read each chunk (for the one-shard-per-slot
+            check); None means the context's (1 outside a worker).
+        epoch: The epoch to chunk; None means the dataset's (`set_epoch`, else its context's).
+
+    Returns:
+        The chunks in reading order. Iterating all of them reads every shard of the epoch exactly once.
+
+    Raises:
+        ConfigError: a bad `shards_per_chunk`, a chunk with fewer shards than slots, or a dataset that
+            cannot be chunked.
+
+    Example:
+        >>> for epoch in range(2):  # doctest: +SKIP
+        ...     dataset.set_epoch(epoch)
+        ...     for chunk_index, chunk in enumerate(dataset.mini_epochs(20)):
+        ...         train(chunk); save_checkpoint(epoch, chunk_index); validate()
+    """
+    if isinstance(shards_per_chunk, bool) or not isinstance(shards_per_chunk, int) or shards_per_chunk < 1:
+        raise ConfigError(f"shards_per_chunk={shards_per_chunk!r}: expected a positive integer")
+    if dataset.source.kind == "mix":
+        raise ConfigError("mini_epochs() of a mix is not supported: chunk each dataset, then mix the chunks")
+    if dataset.source.resample:
+        raise ConfigError("mini_epochs() needs a finite epoch: build the dataset without resample=True")
+    if any(stage.kind == "cache" for stage in dataset.stages):
+        raise ConfigError(
+            "mini_epochs() of a pipeline with .cache() would build one cache per chunk and epoch; "
+            "call mini_epochs() on the pipeline without .cache(), or iterate the cached dataset whole"
+        )
+    ctx = dataset.resolve_context()
+    if epoch is not None:
+        ctx = ctx.with_epoch(epoch)
+    if num_workers is not None:
+        ctx = dataclasses.replace(ctx, worker_id=0, num_workers=num_workers)
+    shards = dataset.source.shards
+    order = permutation(len(shards), ctx.seed, ctx.epoch)
+    chunks = [order[i : i + shards_per_chunk] for i in range(0, len(order), shards_per_chunk)]
+    _check_slots(chunks, shards_per_chunk, ctx)
+    logger.info(
+        "epoch %d: %d shards in %d mini epochs of up to %d shards",
+        ctx.epoch,
+        len(order),
+        len(chunks),
+        shards_per_chunk,
+    )
+    return [
+        Dataset(
+            dataclasses.replace(dataset.source, shards=tuple(shards[i] for i in chunk)),
+            dataset.stages,
+            epoch=ctx.epoch,
+        )
+        for chunk in chunks
+    ]
+
+
+def _check_slots(chunks: list[list[int]], shards_per_chunk: int, ctx: RuntimeContext) -> None:
+    slots = ctx.total_slots
+    for index, chunk in enumerate(chunks):
+        if len(chunk) < slots:
+            total = sum(len(c) for c in chunks)
+            raise ConfigError(
+                f"mini epoch chunk {index} has {len(chunk)} shards but {slots} slots read it "
+                f"({ctx.dp_size} data-parallel ranks × {ctx.num_workers} workers): every slot needs a shard. "
+                f"With {total} shards, choose shards_per_chunk >= {slots} (now {shards_per_chunk}) such that "
+                f"the last chunk ({total} % shards_per_chunk) is 0 or >= {slots}, or use fewer workers"
+            )
