@@ -106,3 +106,32 @@ def promql_metric_names(expr: str) -> set[str]:
     text = re.sub(r"\[[^\]]*\]", "", text)
     text = _GROUPING.sub("", text)
     return {name for name in _IDENT.findall(text) if name.lower() not in _KEYWORDS}
+
+
+def unit_directives(path: Path) -> dict[str, list[str]]:
+    """`Section.Key` -> every value a systemd unit gives it (keys may repeat), continuation lines joined."""
+    found: dict[str, list[str]] = {}
+    section = ""
+    logical = re.sub(r"\\\n\s*", " ", path.read_text())
+    for line in logical.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        found.setdefault(f"{section}.{key}", []).append(value)
+    return found
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined and comments dropped."""
+    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    logical = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    result = []
+    for line in logical.splitlines():
+        if line.strip():
+            instruction, _, args = line.strip().partition(" ")
+            result.append((instruction.upper(), args.strip()))
+    return result

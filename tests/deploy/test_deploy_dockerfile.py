@@ -5,21 +5,13 @@ from __future__ import annotations
 import json
 import re
 
-from .deploy_files import DOCS, REPO
+from .deploy_files import DOCS, REPO, dockerfile_instructions
 
 DOCKERFILE = REPO / "Dockerfile"
 
 
 def _instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined and comments dropped."""
-    lines = [line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
-    logical = re.sub(r"\\\n\s*", " ", "\n".join(lines))
-    result = []
-    for line in logical.splitlines():
-        if line.strip():
-            instruction, _, args = line.strip().partition(" ")
-            result.append((instruction.upper(), args.strip()))
-    return result
+    return dockerfile_instructions(DOCKERFILE)
 
 
 def _final_stage() -> list[tuple[str, str]]:

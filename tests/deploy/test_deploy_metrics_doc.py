@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .deploy_files import DESIGN_METRICS, DOCS, documented_metrics, recorded_names
+import re
+
+from .deploy_files import DESIGN_METRICS, DOCS, documented_metrics, load_rules, recorded_names
 
 
 def test_every_contract_metric_is_documented_with_its_type() -> None:
@@ -15,3 +17,19 @@ def test_every_recording_rule_is_documented() -> None:
     text = (DOCS / "metrics.md").read_text()
     for name in recorded_names():
         assert f"`{name}`" in text, f"{name} is not in docs/metrics.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    headings = [line.lstrip("#").strip() for line in markdown.splitlines() if line.startswith("#")]
+    return {re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_alert_links_to_an_existing_troubleshooting_section() -> None:
+    anchors = _anchors((DOCS / "troubleshooting.md").read_text())
+    for rule in load_rules():
+        if "alert" in rule:
+            (anchor,) = re.findall(
+                r"docs/troubleshooting\.md#([a-z0-9-]+)", rule["annotations"]["description"]
+            )
+            assert anchor in anchors, f"{rule['alert']} links to missing #{anchor}"

@@ -9,27 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_files import DEPLOY, require_tool
+from .deploy_files import DEPLOY, require_tool, unit_directives
 
 UNIT = DEPLOY / "systemd" / "shardcached.service"
 ENV_FILE = DEPLOY / "systemd" / "shardcached.env"
-
-
-def _directives(path: Path) -> dict[str, list[str]]:
-    """`Section.Key` -> every value it is given (systemd allows repeats), continuation lines joined."""
-    found: dict[str, list[str]] = {}
-    section = ""
-    logical = re.sub(r"\\\n\s*", " ", path.read_text())
-    for line in logical.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            section = line.strip("[]")
-            continue
-        key, _, value = line.partition("=")
-        found.setdefault(f"{section}.{key}", []).append(value)
-    return found
 
 
 def _one(directives: dict[str, list[str]], key: str) -> str:
@@ -77,27 +60,27 @@ def test_unit_exposure_score_is_low(installable_unit: Path) -> None:
 
 
 def test_unit_runs_as_dedicated_user_and_group() -> None:
-    unit = _directives(UNIT)
+    unit = unit_directives(UNIT)
     assert _one(unit, "User") == "shardcache"
     assert _one(unit, "Group") == "shardcache"
 
 
 def test_socket_directory_lets_group_members_in_and_nobody_else() -> None:
-    unit = _directives(UNIT)
+    unit = unit_directives(UNIT)
     assert _one(unit, "RuntimeDirectory") == "shardcache"
     assert _one(unit, "RuntimeDirectoryMode") == "0750"
     assert "--socket /run/shardcache/shardcache.sock" in _one(unit, "ExecStart")
 
 
 def test_cache_directory_is_writable_under_strict_protection() -> None:
-    unit = _directives(UNIT)
+    unit = unit_directives(UNIT)
     assert _one(unit, "ProtectSystem") == "strict"
     assert _one(unit, "CacheDirectory") == "shardcache"
     assert "--cache-dir /var/cache/shardcache" in _one(unit, "ExecStart")
 
 
 def test_unit_is_hardened() -> None:
-    unit = _directives(UNIT)
+    unit = unit_directives(UNIT)
     for key, value in {
         "ProtectHome": "yes",
         "PrivateTmp": "yes",
@@ -117,7 +100,7 @@ def test_unit_is_hardened() -> None:
 
 
 def test_readiness_does_not_claim_sd_notify() -> None:
-    unit = _directives(UNIT)
+    unit = unit_directives(UNIT)
     # The daemon sends no sd_notify: Type=notify would time out. Readiness is the API answering.
     assert _one(unit, "Type") == "exec"
     assert "shardcache stats" in _one(unit, "ExecStartPost")
