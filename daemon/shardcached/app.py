@@ -109,6 +109,11 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
             exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail)
         )
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error on %s %s", request.method, request.url.path)
+        return _error(500, "internal", f"{type(exc).__name__}: {exc}; see the daemon's log")
+
     return app
 
 

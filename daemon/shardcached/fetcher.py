@@ -87,6 +87,8 @@ class Fetcher:
             fs = self._filesystems.get(protocol)
             if fs is None:
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self._fs_options(protocol))
+                if hasattr(fs, "retries"):
+                    fs.retries = 1  # s3fs retries SlowDown/5xx itself; ours is the one policy
                 self._filesystems[protocol] = fs
         return fs, url if protocol == "file" else fs._strip_protocol(url)
 
@@ -94,8 +96,13 @@ class Fetcher:
         if protocol in ("s3", "s3a"):
             # Endpoint, region and credentials come from the standard AWS environment and config files,
             # which botocore reads itself (AWS_ENDPOINT_URL_S3, AWS_PROFILE, instance roles).
-            timeouts = {"connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s}
-            return {"config_kwargs": timeouts, "retries": 1}
+            # botocore's own retries are turned off so that ours (backoff, jitter, metrics) are the policy.
+            config = {
+                "connect_timeout": self.connect_timeout_s,
+                "read_timeout": self.read_timeout_s,
+                "retries": {"max_attempts": 1, "mode": "standard"},
+            }
+            return {"config_kwargs": config}
         if protocol in ("http", "https"):
             import aiohttp
 
@@ -196,6 +203,8 @@ class Fetcher:
             except DaemonError as exc:
                 self._on_error(exc.code)
                 raise
+            except (TypeError, AttributeError, NameError, AssertionError):
+                raise  # a bug, not a remote fault: never retried
             except FileNotFoundError as exc:
                 self._on_error("not_found")
                 raise NotFound(f"{url} does not exist: {exc}", code="remote_not_found") from exc

@@ -1,0 +1,130 @@
+"""Helpers for the daemon's integration tests: an HTTP client over the Unix socket, a metrics scraper and
+a throttling/faulty TCP proxy in front of the S3 endpoint (failures are injected there, not by patching)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shardcache.devservers import Daemon
+
+
+def api(daemon: Daemon, timeout: float = 60.0) -> httpx.Client:
+    """An httpx client speaking to the daemon's Unix socket."""
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=daemon.socket), base_url="http://shardcached", timeout=timeout
+    )
+
+
+def metric(daemon: Daemon, name: str, labels: str = "") -> float:
+    """One sample from a live scrape of the metrics listener (0 when absent)."""
+    text = httpx.get(daemon.metrics_url, timeout=10).text
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)"
+    match = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
+    """Poll `check` until true or fail after the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def files_in(cache_dir: Path) -> list[str]:
+    return sorted(p.name for p in cache_dir.iterdir()) if cache_dir.exists() else []
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 that can throttle bandwidth and drop the first connections.
+
+    `rate` limits bytes per second from the upstream per connection; the first `fail_first` connections
+    are answered `503 Slow Down` and closed (a transient fault the daemon must retry).
+    """
+
+    def __init__(self, upstream: str, rate: float | None = None, fail_first: int = 0) -> None:
+        host, port = upstream.rsplit("//", 1)[-1].split(":")
+        self.upstream = (host, int(port))
+        self.rate = rate
+        self.fail_first = fail_first
+        self.connections = 0
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(64)
+        self.port = self._server.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.connections <= self.fail_first:
+                threading.Thread(target=self._refuse, args=(client,), daemon=True).start()
+                continue
+            upstream = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.rate), daemon=True).start()
+
+    @staticmethod
+    def _refuse(client: socket.socket) -> None:
+        try:
+            client.recv(65536)
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            head = f"HTTP/1.1 503 Slow Down\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            client.sendall(head.encode() + body)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+        started, sent = time.monotonic(), 0
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+                sent += len(data)
+                if rate:
+                    ahead = sent / rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)  # throttling the stream, not waiting for readiness
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment pointing the daemon's S3 client at this proxy."""
+        return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ENDPOINT_URL": self.endpoint}

@@ -1,0 +1,136 @@
+"""Shards from a real S3 endpoint (moto's server) through the real daemon on a Unix socket."""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from daemon_helpers import Proxy, api, metric
+
+
+def test_open_hands_over_a_local_file_with_the_objects_bytes(make_bucket, daemon_factory):
+    shards = make_bucket(count=2)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+    assert Path(answer["path"]).read_bytes() == Path(shards.local_paths[0]).read_bytes()
+    assert answer["size"] == shards.size_of(shards.names[0])
+    assert answer["url"] == shards.s3_urls[0]
+
+
+def test_first_open_misses_and_second_hits(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        first = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+        second = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+        stats = http.get("/v1/stats").json()
+    assert (first["hit"], second["hit"]) == (False, True)
+    assert (stats["hits"], stats["misses"]) == (1, 1)
+    assert stats["bytes_fetched"] == shards.size_of(shards.names[0])
+
+
+def test_restart_keeps_the_cache_without_downloading_again(make_bucket, daemon_factory, tmp_path):
+    shards = make_bucket(count=2)
+    cache = tmp_path / "kept"
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], cache_dir=cache)
+    with api(daemon) as http:
+        for url in shards.s3_urls:
+            http.post("/v1/shards/open", json={"url": url}).raise_for_status()
+    assert daemon.stop() == 0
+    again = daemon_factory(allow=[f"s3://{shards.bucket}"], cache_dir=cache)
+    with api(again) as http:
+        answers = [http.post("/v1/shards/open", json={"url": url}).json() for url in shards.s3_urls]
+        stats = http.get("/v1/stats").json()
+    assert [a["hit"] for a in answers] == [True, True]
+    assert stats["bytes_fetched"] == 0
+    assert Path(answers[1]["path"]).read_bytes() == Path(shards.local_paths[1]).read_bytes()
+
+
+def test_sixteen_concurrent_opens_of_one_shard_download_it_once(make_bucket, daemon_factory):
+    shards = make_bucket(count=1, samples=64, payload_bytes=16 * 1024)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+
+    def open_once(_: int) -> dict:
+        with api(daemon) as http:
+            return http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(open_once, range(16)))
+    size = shards.size_of(shards.names[0])
+    assert {a["path"] for a in answers} == {answers[0]["path"]}
+    assert metric(daemon, "shardcache_fetched_bytes_total") == size
+    with api(daemon) as http:
+        assert http.get("/v1/stats").json()["bytes_fetched"] == size
+
+
+def test_missing_object_is_404_and_leaves_no_file(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        answer = http.post("/v1/shards/open", json={"url": f"s3://{shards.bucket}/shards/nope.tar"})
+    assert answer.status_code == 404
+    assert "nope.tar" in answer.json()["detail"]
+    assert list(daemon.cache_dir.iterdir()) == []
+
+
+def test_checksum_mismatch_is_an_error_and_publishes_nothing(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        answer = http.post(
+            "/v1/shards/open", json={"url": shards.s3_urls[0], "checksum": "sha256:" + "0" * 64}
+        )
+        stats = http.get("/v1/stats").json()
+    assert answer.status_code == 502
+    assert answer.json()["error"] == "checksum_mismatch"
+    assert stats["resident_shards"] == 0
+    assert list(daemon.cache_dir.iterdir()) == []
+
+
+def test_matching_checksum_is_accepted(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    digest = hashlib.sha256(Path(shards.local_paths[0]).read_bytes()).hexdigest()
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0], "checksum": f"sha256:{digest}"})
+    assert answer.status_code == 200
+
+
+def test_size_differing_from_the_request_is_reported(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
+    with api(daemon) as http:
+        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0], "size": 12345})
+    assert answer.status_code == 502
+    assert answer.json()["error"] == "size_mismatch"
+
+
+def test_transient_remote_errors_are_retried(make_bucket, daemon_factory, s3_server):
+    shards = make_bucket(count=1)
+    with Proxy(s3_server.endpoint, fail_first=2) as proxy:
+        daemon = daemon_factory(
+            allow=[f"s3://{shards.bucket}"], env=proxy.env, extra_args=["--retry-backoff-s", "0.05"]
+        )
+        with api(daemon) as http:
+            answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]})
+    assert answer.status_code == 200
+    assert Path(answer.json()["path"]).read_bytes() == Path(shards.local_paths[0]).read_bytes()
+    assert metric(daemon, "shardcache_fetch_errors_total", 'kind="transient"') >= 1
+
+
+def test_remote_failing_after_retries_is_502_with_a_clear_message(make_bucket, daemon_factory, s3_server):
+    shards = make_bucket(count=1)
+    with Proxy(s3_server.endpoint, fail_first=1000) as proxy:
+        daemon = daemon_factory(
+            allow=[f"s3://{shards.bucket}"],
+            env=proxy.env,
+            extra_args=["--retries", "2", "--retry-backoff-s", "0.01"],
+        )
+        with api(daemon) as http:
+            answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]})
+            assert http.get("/v1/health").status_code == 200
+    assert answer.status_code == 502
+    assert shards.s3_urls[0] in answer.json()["detail"]
+    assert "3 attempts" in answer.json()["detail"]
