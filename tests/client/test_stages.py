@@ -1,4 +1,4 @@
-"""Stages (seed README, Pipeline Semantics): map, select, shuffle, assemble, batch, unbatch, and their resume."""
+"""Stages (seed README, Pipeline Semantics): map, select, shuffle, assemble, batch, unbatch, resume."""
 
 from __future__ import annotations
 
