@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> None:
             for path in paths:
                 write_file(path, size * MIB)
         capacity = f"{sum(sizes) * args.count + 64}MiB"
-        daemon = start_daemon(work / "d.sock", work / "cache", [str(source_dir)], capacity=capacity)
+        daemon = start_daemon(
+            work / "d.sock", work / "cache", [str(source_dir)], capacity=capacity, log=work / "daemon.log"
+        )
         print("hit path: DaemonClient.open + read vs raw open + read of the cached file (8 MiB reads)")
         print(f"{'shard':>9} {'count':>5} {'client GB/s':>11} {'raw GB/s':>9} {'ratio':>6}")
         with DaemonClient(daemon.socket, required=True) as client:

@@ -2,11 +2,12 @@
 
 Why hand-rolled rather than httpx: the open call is the hot path of every shard a trainer reads, and 16
 DataLoader workers on two cores make per-request CPU the latency. DESIGN.md measured an httpx client at
-p99 ~30 ms there and a bare keep-alive client at 6-8 ms, so this module is the stdlib `http.client` with a
-socket that connects to AF_UNIX, plus the little bookkeeping it needs: a connection per thread (http.client
-is not thread-safe), a fresh one after fork (DataLoader workers fork; a parent's socket must never be
-shared), one retry on a keep-alive connection the server closed, and release answers read lazily (see
-`send_deferred`).
+p99 ~30 ms there and a bare keep-alive client at 6-8 ms. So requests go over a plain AF_UNIX socket with a
+minimal HTTP/1.1 codec (`_Connection`) that pipelines: a lease release is sent at once but its answer is read
+during the next request, which costs no extra round trip. Around it, the bookkeeping the hot path needs: a
+connection per thread, a fresh one after fork (DataLoader workers fork; a parent's socket must never be
+shared), and one retry when the daemon closed an idle keep-alive connection. Streams and health probes,
+which are not hot, use the stdlib `http.client` on connections of their own.
 """
 
 from __future__ import annotations
@@ -19,19 +20,6 @@ import threading
 from typing import Any
 
 from shardcache.errors import DaemonUnavailable, error_for_status
-
-JSON_HEADERS = {"Content-Type": "application/json"}
-
-# A keep-alive connection the server closed shows up as one of these when it is next used; the request never
-# reached the daemon, so sending it again on a fresh connection is safe.
-_STALE_CONNECTION = (
-    http.client.RemoteDisconnected,
-    http.client.CannotSendRequest,
-    http.client.ResponseNotReady,
-    BrokenPipeError,
-    ConnectionResetError,
-    ConnectionAbortedError,
-)
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -80,14 +68,112 @@ class Response:
         raise error_for_status(self.status, code, detail, url)
 
 
-class _ThreadConnection:
-    """One thread's keep-alive connection and, at most, one deferred answer still to be read on it."""
+class _Closed(Exception):
+    """The daemon closed the connection before a whole answer arrived."""
 
-    __slots__ = ("conn", "pending")
 
-    def __init__(self, conn: UnixHTTPConnection) -> None:
-        self.conn = conn
-        self.pending = False
+def encode_request(method: str, path: str, payload: bytes | None) -> bytes:
+    """One HTTP/1.1 request as bytes (`path` is already percent-encoded ASCII)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
+    if payload is None:
+        return f"{head}\r\n".encode("ascii")
+    head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    return head.encode("ascii") + payload
+
+
+class _Connection:
+    """One keep-alive connection that may have several requests in flight (HTTP/1.1 pipelining).
+
+    Hand-written instead of `http.client` for two reasons: http.client cannot send a request before the
+    previous answer is read, and its header parsing (the email package) costs more CPU than the daemon's
+    whole answer on this path. Answers are read in order from one buffered reader, so bytes read ahead
+    belong to the next answer and are never lost.
+    """
+
+    __slots__ = ("sock", "reader", "unanswered", "reused")
+
+    def __init__(self, path: str, timeout: float) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+        self.unanswered = 0  # requests sent whose answers nobody has read yet
+        self.reused = (
+            False  # an answer came back on it: a later EOF means the daemon closed an idle connection
+        )
+
+    def read_answer(self) -> tuple[int, bytes, bool]:
+        """(status, body, whether the daemon closes the connection after it)."""
+        reader = self.reader
+        line = reader.readline(65537)
+        if not line:
+            raise _Closed("connection closed before an answer")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise http.client.BadStatusLine(repr(line))
+        status = int(parts[1])
+        length: int | None = None
+        chunked = close = False
+        while True:
+            header = reader.readline(65537)
+            if header in (b"\r\n", b"\n"):
+                break
+            if not header:
+                raise _Closed("connection closed inside an answer's headers")
+            name, _, value = header.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+        if chunked:
+            body = self._read_chunked()
+        elif length is not None:
+            body = reader.read(length)
+            if len(body) < length:
+                raise _Closed("connection closed inside an answer's body")
+        elif status in (204, 304) or status < 200:
+            body = b""
+        else:
+            body, close = reader.read(), True
+        self.reused = True
+        return status, body, close
+
+    def _read_chunked(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size = int(self.reader.readline(65537).split(b";", 1)[0], 16)
+            if size == 0:
+                while self.reader.readline(65537) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            chunk = self.reader.read(size + 2)
+            if len(chunk) < size + 2:
+                raise _Closed("connection closed inside a chunked body")
+            parts.append(chunk[:size])
+
+    def skip_unanswered(self) -> None:
+        while self.unanswered:
+            self.unanswered -= 1
+            self.read_answer()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+# Failures that mean the connection is gone; on a connection that already carried an answer, the daemon
+# closed it while idle and a retry on a fresh one is safe.
+_BROKEN = (_Closed, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+# At most this many unread answers per connection, far below what fills a socket buffer (a deadlock).
+_MAX_UNANSWERED = 16
 
 
 class Transport:
@@ -104,72 +190,77 @@ class Transport:
         self._pid = os.getpid()
         self._local = threading.local()
 
-    def _slot(self) -> _ThreadConnection:
-        pid = os.getpid()
-        if pid != self._pid:
+    def _connection(self) -> _Connection:
+        """This thread's connection, connecting when there is none."""
+        if os.getpid() != self._pid:
             # Forked child: the inherited sockets belong to the parent. Drop them unread and unclosed
             # (closing is harmless, but reading or writing would steal or corrupt the parent's answers).
-            self._pid = pid
+            self._pid = os.getpid()
             self._local = threading.local()
-        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
-        if slot is None:
-            slot = _ThreadConnection(UnixHTTPConnection(self.socket_path, self.timeout))
-            self._local.slot = slot
-        return slot
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = _Connection(self.socket_path, self.timeout)
+            except OSError as exc:
+                raise DaemonUnavailable(self.socket_path, _describe(exc)) from exc
+            self._local.conn = conn
+        return conn
 
-    def _drain(self, slot: _ThreadConnection) -> None:
-        """Read a deferred answer so the connection is free; its outcome no longer matters to anyone."""
-        if not slot.pending:
-            return
-        slot.pending = False
-        try:
-            slot.conn.getresponse().read()
-        except (OSError, http.client.HTTPException):
-            slot.conn.close()
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
 
     def request(self, method: str, path: str, body: Any = None) -> Response:
-        """Send one request and read the whole answer.
+        """Send one request and read its whole answer (after any deferred answers still unread).
 
         Raises:
-            DaemonUnavailable: the socket is missing, refuses, or the connection broke twice.
+            DaemonUnavailable: the socket is missing, refuses, times out, or the connection broke twice.
         """
-        payload = None if body is None else json.dumps(body).encode()
-        headers = JSON_HEADERS if payload is not None else {}
-        slot = self._slot()
-        self._drain(slot)
+        data = encode_request(method, path, None if body is None else json.dumps(body).encode())
         for attempt in (0, 1):
-            conn = slot.conn
-            fresh = conn.sock is None
+            conn = self._connection()
+            reused = conn.reused or conn.unanswered > 0
             try:
-                conn.request(method, path, payload, headers)
-                answer = conn.getresponse()
-                return Response(answer.status, answer.read())
-            except _STALE_CONNECTION as exc:
-                conn.close()
-                if fresh or attempt == 1:
-                    raise DaemonUnavailable(self.socket_path, f"connection lost ({exc!r})") from exc
+                # Sent before the deferred answers are read: the daemon works on this request while they
+                # are parsed, and both usually arrive in one read.
+                conn.sock.sendall(data)
+                conn.skip_unanswered()
+                status, payload, close = conn.read_answer()
+            except _BROKEN as exc:
+                self._drop(conn)
+                if reused and attempt == 0:
+                    continue
+                raise DaemonUnavailable(self.socket_path, f"connection lost ({exc})") from exc
             except TimeoutError as exc:
-                conn.close()
-                raise DaemonUnavailable(self.socket_path, f"no answer within {conn.timeout}s") from exc
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
+                self._drop(conn)
+                raise DaemonUnavailable(self.socket_path, f"no answer within {self.timeout:g}s") from exc
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                self._drop(conn)
                 raise DaemonUnavailable(self.socket_path, _describe(exc)) from exc
+            if close:
+                self._drop(conn)
+            return Response(status, payload)
         raise AssertionError("unreachable")
 
     def send_deferred(self, method: str, path: str, body: Any) -> None:
-        """Send a request whose answer nobody waits for; it is read before this thread's next request.
+        """Send a request whose answer nobody waits for; it is read during this thread's next request.
 
         Used for lease releases: the daemon gets the release at once, but the reader does not sit through a
         round trip for a 204 it has no use for. Failures are ignored (an unreleased lease expires).
         """
-        payload = json.dumps(body).encode()
-        slot = self._slot()
-        self._drain(slot)
+        data = encode_request(method, path, json.dumps(body).encode())
         try:
-            slot.conn.request(method, path, payload, JSON_HEADERS)
-            slot.pending = True
-        except (OSError, http.client.HTTPException):
-            slot.conn.close()
+            conn = self._connection()
+        except DaemonUnavailable:
+            return
+        try:
+            if conn.unanswered >= _MAX_UNANSWERED:
+                conn.skip_unanswered()
+            conn.sock.sendall(data)
+            conn.unanswered += 1
+        except (OSError, ValueError, http.client.HTTPException, _Closed):
+            self._drop(conn)
 
     def stream(self, path: str) -> http.client.HTTPResponse:
         """GET `path` on a connection of its own and return the unread answer (a readable binary file).
@@ -199,13 +290,20 @@ class Transport:
             conn.close()
 
     def close(self) -> None:
-        """Close this thread's connection (reading a deferred answer first). Other threads close on exit."""
-        slot: _ThreadConnection | None = getattr(self._local, "slot", None)
-        if slot is None or os.getpid() != self._pid:
+        """Close this thread's connection, reading deferred answers first so the daemon has acted on them.
+
+        Other threads' connections close when their threads end.
+        """
+        if os.getpid() != self._pid:
             return
-        self._drain(slot)
-        slot.conn.close()
-        self._local.slot = None
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        try:
+            conn.skip_unanswered()
+        except (OSError, ValueError, http.client.HTTPException, _Closed):
+            pass
+        self._drop(conn)
 
 
 def _describe(exc: BaseException) -> str:
