@@ -41,7 +41,7 @@ def mini_epochs(
         dataset: A shard-backed pipeline (not resampling, no `.cache()` stage, not a mix).
         shards_per_chunk: Shards per chunk; the last chunk holds the rest.
         num_workers: DataLoader workers per rank that will read each chunk (for the one-shard-per-slot
-            check); None means the context's (1 outside a worker).
+            check; 0, main-process loading, counts as 1); None means the context's.
         epoch: The epoch to chunk; None means the dataset's (`set_epoch`, else its context's).
 
     Returns:
@@ -72,7 +72,8 @@ def mini_epochs(
     if epoch is not None:
         ctx = ctx.with_epoch(epoch)
     if num_workers is not None:
-        ctx = dataclasses.replace(ctx, worker_id=0, num_workers=num_workers)
+        # DataLoader(num_workers=0) loads in the main process: one slot per rank.
+        ctx = dataclasses.replace(ctx, worker_id=0, num_workers=max(1, num_workers))
     shards = dataset.source.shards
     order = permutation(len(shards), ctx.seed, ctx.epoch)
     chunks = [order[i : i + shards_per_chunk] for i in range(0, len(order), shards_per_chunk)]
