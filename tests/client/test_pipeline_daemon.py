@@ -1,0 +1,45 @@
+"""Shards through a real daemon and a real S3 endpoint give the same samples as local paths."""
+
+from __future__ import annotations
+
+import pytest
+from pipeline_support import keys
+
+from shardcache import Dataset, RuntimeContext
+from shardcache.daemon_client import DaemonClient
+from shardcache.errors import DaemonUnavailable
+
+
+def strip(samples: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [{k: v for k, v in s.items() if k != "__shard__"} for s in samples]
+
+
+def test_s3_urls_through_the_daemon_match_local_paths(make_bucket, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    shards = make_bucket(count=4, samples=6, payload_bytes=256)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}/"])
+    client = DaemonClient(str(daemon.socket), required=True)
+    ctx = RuntimeContext(rank=1, world_size=2, seed=4)
+    remote = Dataset.from_source("tars", shards.s3_urls, daemon=client).shuffle(5)
+    local = Dataset.from_source("tars", shards.local_paths, daemon=None).shuffle(5)
+    assert strip(list(remote.iter_context(ctx))) == strip(list(local.iter_context(ctx)))
+    first = client.stats()
+    assert first.hits + first.misses == 2  # this slot's two shards, one open each
+    again = Dataset.from_source("tars", shards.s3_urls, daemon=client)
+    assert sorted(keys(again.iter_context(ctx))) == sorted(keys(local.iter_context(ctx)))
+    assert client.stats().hits >= first.hits + 2  # the second pass is served from the node cache
+
+
+def test_socket_path_setting_reads_through_that_daemon(local_shards, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)])
+    via_daemon = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket))
+    assert list(via_daemon) == list(Dataset.from_source("tars", local_shards.local_paths, daemon=None))
+    stats = DaemonClient(str(daemon.socket)).stats()
+    assert (stats.resident_shards, stats.hits + stats.misses) == (4, 4)
+
+
+def test_required_daemon_that_is_absent_is_an_error(local_shards, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    ds = Dataset.from_source(
+        "tars", local_shards.local_paths, daemon=DaemonClient(str(short_tmp / "none.sock"), required=True)
+    )
+    with pytest.raises(DaemonUnavailable):
+        list(ds)
