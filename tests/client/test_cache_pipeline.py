@@ -251,3 +251,17 @@ def test_an_array_valued_map_round_trips_through_cache(tars: str, cache_dir: str
     source = tar_source(tars).map(cache_helpers.add_arrays)
     assert_same_samples(rows(source), rows(source.cache(cache_dir=cache_dir)))
     assert isinstance(rows(source.cache(cache_dir=cache_dir))[0]["array"], np.ndarray)
+
+
+def test_s3_shards_are_fingerprinted_by_etag_and_a_rewritten_object_makes_a_new_entry(
+    make_bucket: Any, s3_client: Any, tmp_path: Path, cache_dir: str
+) -> None:
+    shards = make_bucket(count=2, samples=3, payload_bytes=64)
+    pipeline = Dataset.from_source("tars", shards.s3_urls, daemon=None).map(cache_helpers.add_length)
+    cached = pipeline.cache(cache_dir=cache_dir)
+    assert rows(cached) == rows(pipeline)
+    assert entries_after(cache_dir, cached) == 1
+    make_tar_shard(tmp_path / "new.tar", 7, samples=5, payload_bytes=64)
+    s3_client.upload_file(str(tmp_path / "new.tar"), shards.bucket, f"shards/{shards.names[1]}")
+    assert len(rows(cached)) == 8
+    assert len(cache_ls(cache_dir)) == 2

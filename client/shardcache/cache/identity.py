@@ -133,7 +133,9 @@ def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]
 
     try:
         fs, parent_path = fsspec.core.url_to_fs(parent)
-        # One listing answers for every shard of a directory; fall back to one info() per shard.
+        # One listing answers for every shard of a directory; fall back to one info() per shard. The
+        # listing cache of fsspec instances (shared per process) would hide a rewritten object.
+        fs.invalidate_cache(parent_path)
         listing = {str(info["name"]).rstrip("/"): info for info in fs.ls(parent_path, detail=True)}
         out = {}
         for url in urls:

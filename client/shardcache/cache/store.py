@@ -26,7 +26,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,9 +292,3 @@ def cache_rm(cache_dir: str | os.PathLike[str] | None, fingerprint_or_all: str) 
         os.rename(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
     return chosen
-
-
-def iter_part_dirs(paths: EntryPaths, slots: int) -> Iterator[Path]:
-    """Part directories of a `slots`-way build in numeric slot order (slot 10 after slot 2)."""
-    for index in range(slots):
-        yield paths.part_dir(slots, index)
