@@ -13,6 +13,9 @@ torch_data = pytest.importorskip("torch.utils.data")
 
 from shardcache import Dataset, RuntimeContext, TorchLoader  # noqa: E402
 
+# Other tests in the session import lance, which warns at every fork; these workers never touch lance.
+pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
+
 
 def identity(batch: list[Any]) -> list[Any]:
     return batch
