@@ -12,6 +12,9 @@ from shardcache import Dataset
 from shardcache.mix_plan import plan_mix
 from shardcache.mixing import mix
 
+# Other tests in the session import lance, which warns at every fork; these workers never touch lance.
+pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
+
 
 def origin(sample: dict[str, bytes]) -> str:
     return sample["txt"].split(b"-")[0].decode()

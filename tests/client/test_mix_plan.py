@@ -100,7 +100,7 @@ def test_virtual_size_below_real_size_warns(caplog: pytest.LogCaptureFixture) ->
     [
         ({"temperature": 0.0}, "temperature"),
         ({"weights": [1.0, -1.0]}, "weights must be > 0"),
-        ({"weights": [1.0]}, "one per dataset"),
+        ({"weights": [1.0]}, "per dataset"),
         ({"virtual_size": 0}, "virtual_size"),
         ({"max_scale_up": 0.0}, "max_scale_up"),
     ],
