@@ -1,0 +1,58 @@
+"""The metrics listener: every metric of DESIGN.md, valid for promtool, counting what happened."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+from daemon_helpers import api, metric
+
+from conftest import require_tool
+
+DESIGN_METRICS = [
+    "shardcache_requests_total",
+    "shardcache_open_wait_seconds",
+    "shardcache_fetched_bytes_total",
+    "shardcache_served_bytes_total",
+    "shardcache_fetch_seconds",
+    "shardcache_fetch_errors_total",
+    "shardcache_evictions_total",
+    "shardcache_prefetched_shards_total",
+    "shardcache_resident_bytes",
+    "shardcache_capacity_bytes",
+    "shardcache_resident_shards",
+    "shardcache_inflight_fetches",
+    "shardcache_plans",
+]
+
+
+def test_a_live_scrape_passes_promtool_check_metrics(make_bucket, daemon_factory):
+    promtool = require_tool("promtool")
+    shards = make_bucket(count=2)
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity="1MiB")
+    with api(daemon) as http:
+        for url in shards.s3_urls + [f"s3://{shards.bucket}/missing.tar"]:
+            http.post("/v1/shards/open", json={"url": url})
+        http.delete("/v1/shards", params={"url": shards.s3_urls[0]})
+    scrape = httpx.get(daemon.metrics_url).text
+    check = subprocess.run([promtool, "check", "metrics"], input=scrape, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for name in DESIGN_METRICS:
+        assert f"\n{name}" in scrape, name
+
+
+def test_metrics_count_hits_misses_bytes_and_capacity(make_bucket, daemon_factory):
+    shards = make_bucket(count=1)
+    size = shards.size_of(shards.names[0])
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity="1MiB")
+    with api(daemon) as http:
+        for _ in range(3):
+            http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).raise_for_status()
+    assert metric(daemon, "shardcache_requests_total", 'result="miss"') == 1
+    assert metric(daemon, "shardcache_requests_total", 'result="hit"') == 2
+    assert metric(daemon, "shardcache_fetched_bytes_total") == size
+    assert metric(daemon, "shardcache_served_bytes_total", 'mode="path"') == 3 * size
+    assert metric(daemon, "shardcache_capacity_bytes") == 1024 * 1024
+    assert metric(daemon, "shardcache_resident_shards") == 1
+    assert metric(daemon, "shardcache_open_wait_seconds_count") == 3
+    assert metric(daemon, "shardcache_fetch_errors_total", 'kind="not_found"') == 0
