@@ -48,8 +48,12 @@ def timed(read: Callable[[], int]) -> float:
     return time.perf_counter() - started
 
 
-def bench_size(client: DaemonClient, sources: list[str], repeats: int) -> tuple[float, float, float]:
-    """Median seconds per pass (client, raw) and the median of per-round ratios."""
+def bench_size(client: DaemonClient, sources: list[str], repeats: int) -> tuple[float, float, float, float]:
+    """Best seconds per pass (client, raw), the median of per-round ratios and the ratio of the bests.
+
+    On a shared machine other processes only ever add time, so the best pass of each side is the least
+    disturbed estimate; the median of per-round ratios shows what a typical round looked like.
+    """
     buffer = memoryview(bytearray(CHUNK))
     cached = {}
     for url in sources:  # warm: the first open fetches into the cache; afterwards every open is a hit
@@ -84,7 +88,8 @@ def bench_size(client: DaemonClient, sources: list[str], repeats: int) -> tuple[
             seconds[read] = timed(read)
             times.append(seconds[read])
         ratios.append(seconds[raw] / seconds[through_client])
-    return statistics.median(client_times), statistics.median(raw_times), statistics.median(ratios)
+    best_client, best_raw = min(client_times), min(raw_times)
+    return best_client, best_raw, statistics.median(ratios), best_raw / best_client
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,14 +114,20 @@ def main(argv: list[str] | None = None) -> None:
             work / "d.sock", work / "cache", [str(source_dir)], capacity=capacity, log=work / "daemon.log"
         )
         print("hit path: DaemonClient.open + read vs raw open + read of the cached file (8 MiB reads)")
-        print(f"{'shard':>9} {'count':>5} {'client GB/s':>11} {'raw GB/s':>9} {'ratio':>6}")
+        print(
+            f"{'shard':>9} {'count':>5} {'client GB/s':>11} {'raw GB/s':>9} {'best ratio':>10} "
+            f"{'median ratio':>12}"
+        )
         with DaemonClient(daemon.socket, required=True) as client:
             for size, paths in plan.items():
                 urls = [str(p) for p in paths]
-                client_s, raw_s, ratio = bench_size(client, urls, args.repeats)
+                client_s, raw_s, median_ratio, best_ratio = bench_size(client, urls, args.repeats)
                 total = size * MIB * len(urls)
                 client_gbs, raw_gbs = total / client_s / 1e9, total / raw_s / 1e9
-                print(f"{size:>5} MiB {len(urls):>5} {client_gbs:>11.2f} {raw_gbs:>9.2f} {ratio:>5.3f}x")
+                print(
+                    f"{size:>5} MiB {len(urls):>5} {client_gbs:>11.2f} {raw_gbs:>9.2f} {best_ratio:>9.3f}x "
+                    f"{median_ratio:>11.3f}x"
+                )
         print(
             f"(median of {args.repeats} interleaved rounds; ratio = raw time / client time; target >= 0.95x)"
         )
