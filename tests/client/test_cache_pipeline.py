@@ -243,10 +243,6 @@ def test_the_env_variable_moves_the_default_cache_root(
     assert not (tmp_path / ".cache").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/lance.py returns rb.to_pylist(); it must decode with shardcache.cache.codec.decode_batch",
-)
 def test_an_array_valued_map_round_trips_through_cache(tars: str, cache_dir: str) -> None:
     source = tar_source(tars).map(cache_helpers.add_arrays)
     assert_same_samples(rows(source), rows(source.cache(cache_dir=cache_dir)))

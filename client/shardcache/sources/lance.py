@@ -113,6 +113,10 @@ class LanceSource(SourceNode):
         return list(range(len(units)))
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+        # decode_batch is to_pylist() on ordinary data and decodes `.cache()` datasets' tagged columns;
+        # imported here because it needs pyarrow, which `import shardcache` must not.
+        from shardcache.cache.codec import decode_batch
+
         assert isinstance(unit, LanceChunk)
         columns = self.spec.options.get("columns")
         cols = list(columns) if columns is not None else None
@@ -123,7 +127,7 @@ class LanceSource(SourceNode):
             scanner = ds.scanner(columns=cols, fragments=[fragment], scan_in_order=False, batch_size=batch)
             seen = 0
             for rb in scanner.to_batches():
-                for row in rb.to_pylist():
+                for row in decode_batch(rb):
                     seen += 1
                     if seen > start:
                         yield row
@@ -137,13 +141,15 @@ class LanceSource(SourceNode):
         if count <= 0:
             return
         table = ds.scanner(columns=cols, offset=unit.offset + start, limit=count, batch_size=batch).to_table()
-        yield from table.to_pylist()
+        yield from decode_batch(table)
 
     def _take(self, rows: Sequence[int], cols: list[str] | None) -> Iterator[dict[str, Any]]:
+        from shardcache.cache.codec import decode_batch
+
         starts = self._starts
         if len(self._datasets) == 1:
-            yield from self._datasets[0].take(list(rows), columns=cols).to_pylist()
+            yield from decode_batch(self._datasets[0].take(list(rows), columns=cols))
             return
         for row in rows:
             d = max(i for i, s in enumerate(starts) if s <= row)
-            yield from self._datasets[d].take([row - starts[d]], columns=cols).to_pylist()
+            yield from decode_batch(self._datasets[d].take([row - starts[d]], columns=cols))
