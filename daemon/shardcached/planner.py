@@ -101,8 +101,9 @@ class Planner:
         self._clock = clock
         self._plans: dict[str, _Plan] = {}
         self._chains: dict[tuple[str, int], _Chain] = {}
-        # url -> plan id -> ascending positions of url in that plan (a url may repeat within a plan).
-        self._positions: dict[str, dict[str, list[int]]] = {}
+        # url -> plan id -> its position in that plan, or the ascending positions when it repeats there
+        # (a bare int for the common case keeps memory and garbage-collector work down for 100k-url plans).
+        self._positions: dict[str, dict[str, int | list[int]]] = {}
         self._recency: dict[str, int] = {}
         self._seq = 0
         self._ref_interval: float | None = None  # cached median interval; None = recompute
@@ -133,8 +134,19 @@ class Planner:
         self._plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
+        index, pid = self._positions, plan.id
         for position, url in enumerate(plan.urls):
-            self._positions.setdefault(url, {}).setdefault(plan.id, []).append(position)
+            per_plan = index.get(url)
+            if per_plan is None:
+                index[url] = {pid: position}
+                continue
+            where = per_plan.get(pid)
+            if where is None:
+                per_plan[pid] = position
+            elif isinstance(where, int):
+                per_plan[pid] = [where, position]
+            else:
+                where.append(position)
         logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
         return plan.id
 
@@ -194,11 +206,9 @@ class Planner:
             if earlier is plan:
                 break
             earlier.cursor = len(earlier.urls)
-        positions = self._positions.get(url, {}).get(plan_id)
-        if positions:
-            i = bisect_left(positions, plan.cursor)
-            if i < len(positions):
-                plan.cursor = positions[i] + 1
+        position = _first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
+        if position is not None:
+            plan.cursor = position + 1
 
     def touch(self, url: str) -> None:
         """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
@@ -220,7 +230,7 @@ class Planner:
         now = self._clock()
         self._maybe_expire(now)
         ref = self._reference_interval()
-        when = self._next_time(url, now, ref)
+        when = self._next_time(url, now, ref, {})
         if when is None:
             return None
         return max(0.0, (when - now) / ref)
@@ -232,7 +242,7 @@ class Planner:
         """
         now = self._clock()
         self._maybe_expire(now)
-        return self._next_time(url, now, self._reference_interval())
+        return self._next_time(url, now, self._reference_interval(), {})
 
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
         """Which resident, evictable shard to evict to make room for `incoming`.
@@ -250,11 +260,12 @@ class Planner:
         now = self._clock()
         self._maybe_expire(now)
         ref = self._reference_interval()
+        lines: dict[str, tuple[float, float]] = {}
         unplanned: list[str] = []
         farthest: str | None = None
         farthest_time = -math.inf
         for url in pool:
-            when = self._next_time(url, now, ref)
+            when = self._next_time(url, now, ref, lines)
             if when is None:
                 unplanned.append(url)
             elif farthest is None or when > farthest_time:
@@ -262,7 +273,7 @@ class Planner:
         if unplanned:
             return min(unplanned, key=self._recency_of)
         if incoming is not None:
-            incoming_time = self._next_time(incoming, now, ref)
+            incoming_time = self._next_time(incoming, now, ref, lines)
             if incoming_time is not None and farthest_time <= incoming_time:
                 return None
         return farthest
@@ -280,22 +291,27 @@ class Planner:
         self._maybe_expire(now)
         ref = self._reference_interval()
         found: dict[str, float] = {}
-        seen: set[str] = set()
+        skipped: set[str] = set()
         for chain in self._chains.values():
             budget = self.prefetch_depth
             for plan in chain.plans:
                 if budget <= 0:
                     break
                 end = min(len(plan.urls), plan.cursor + budget)
-                for url in plan.urls[plan.cursor : end]:
-                    if url in seen:
-                        continue
-                    seen.add(url)
-                    if skip(url):
-                        continue
-                    when = self._next_time(url, now, ref)
-                    if when is not None:
-                        found[url] = when
+                if end > plan.cursor:
+                    # Rank by the time this window expects the url: no index look-up per url, and a url
+                    # inside two windows keeps the nearer. (choose_victim still uses the true nearest use.)
+                    start, step = self._time_line(plan, now, ref)
+                    for position in range(plan.cursor, end):
+                        url = plan.urls[position]
+                        when = start + position * step
+                        if url in found:
+                            found[url] = min(found[url], when)
+                        elif url not in skipped:
+                            if skip(url):
+                                skipped.add(url)
+                            else:
+                                found[url] = when
                 budget -= max(0, end - plan.cursor)
         return sorted(found, key=found.__getitem__)[:limit]
 
@@ -349,25 +365,49 @@ class Planner:
             self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
         return self._ref_interval
 
-    def _next_time(self, url: str, now: float, ref: float) -> float | None:
-        """Estimated clock time of the nearest planned use of `url` ahead of any cursor."""
+    def _time_line(self, plan: _Plan, now: float, ref: float) -> tuple[float, float]:
+        """(a, b) such that position p >= cursor of `plan` is expected at clock time a + p * b."""
+        chain = plan.chain
+        ahead = 1 - plan.cursor  # the position at the cursor is the next open
+        for earlier in chain.plans:
+            if earlier is plan:
+                break
+            ahead += earlier.remaining
+        interval = ref if chain.interval is None else chain.interval
+        base = now if chain.last_open is None else chain.last_open
+        return base + ahead * interval, interval
+
+    def _next_time(
+        self, url: str, now: float, ref: float, lines: dict[str, tuple[float, float]]
+    ) -> float | None:
+        """Estimated clock time of the nearest planned use of `url` ahead of any cursor.
+
+        `lines` memoises each plan's time line within one call (cursors do not move during a call), so
+        ranking many candidates walks each (job, slot) chain once.
+        """
         per_plan = self._positions.get(url)
         if not per_plan:
             return None
         best: float | None = None
-        for plan_id, positions in per_plan.items():
+        for plan_id, where in per_plan.items():
             plan = self._plans[plan_id]
-            i = bisect_left(positions, plan.cursor)
-            if i == len(positions):
+            position = _first_at_or_after(where, plan.cursor)
+            if position is None:
                 continue
-            ahead = positions[i] - plan.cursor + 1
-            for earlier in plan.chain.plans:
-                if earlier is plan:
-                    break
-                ahead += earlier.remaining
-            chain = plan.chain
-            base = now if chain.last_open is None else chain.last_open
-            when = base + ahead * (ref if chain.interval is None else chain.interval)
+            line = lines.get(plan_id)
+            if line is None:
+                line = lines[plan_id] = self._time_line(plan, now, ref)
+            when = line[0] + position * line[1]
             if best is None or when < best:
                 best = when
         return best
+
+
+def _first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:
+    """The first of a url's positions in a plan that is not behind the cursor."""
+    if where is None:
+        return None
+    if isinstance(where, int):
+        return where if where >= cursor else None
+    i = bisect_left(where, cursor)
+    return where[i] if i < len(where) else None
