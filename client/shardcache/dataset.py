@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext
@@ -169,6 +169,32 @@ class Dataset:
 
             refs = expand_shards(shards, data_suffix=data_suffix(kind))
         return cls(SourceSpec(kind, tuple(refs), dict(options), context, daemon))
+
+    @staticmethod
+    def mix(
+        datasets: Mapping[str, Dataset] | Sequence[Dataset],
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        temperature: float = 1.0,
+        virtual_size: int | None = None,
+        max_scale_up: float = 1.5,
+        seed: int | None = None,
+        recipe: Mapping[str, int] | None = None,
+        main: str | None = None,
+        *,
+        context: RuntimeContext | None = None,
+    ) -> Dataset:
+        """Weighted mixing of datasets (see `shardcache.mixing.mix`)."""
+        from shardcache.mixing import mix
+
+        return mix(
+            datasets, weights, temperature, virtual_size, max_scale_up, seed, recipe, main, context=context
+        )
+
+    def mini_epochs(self, shards_per_chunk: int, *, num_workers: int | None = None) -> list[Dataset]:
+        """This epoch's shards in consecutive chunks (see `shardcache.mini_epochs.mini_epochs`)."""
+        from shardcache.mini_epochs import mini_epochs
+
+        return mini_epochs(self, shards_per_chunk, num_workers=num_workers)
 
     @property
     def source(self) -> SourceSpec:

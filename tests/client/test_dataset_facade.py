@@ -1,0 +1,40 @@
+"""`Dataset.mix` and `Dataset.mini_epochs`: the facade delegates to `shardcache.mixing` and mini epochs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from pipeline_support import keys, make_tars
+
+from shardcache import Dataset
+from shardcache.mini_epochs import mini_epochs
+from shardcache.mixing import MixedDataset
+
+
+def test_dataset_mix_builds_a_mixed_dataset_with_the_planned_counts(tmp_path: Path) -> None:
+    big = Dataset.from_source("tars", make_tars(tmp_path / "big", 4, 5, prefix="big"), daemon=None)
+    small = Dataset.from_source("tars", make_tars(tmp_path / "small", 2, 5, prefix="small"), daemon=None)
+    mixed = Dataset.mix({"big": big, "small": small}, seed=3)
+    assert isinstance(mixed, MixedDataset)
+    counts = Counter(sample["txt"].split(b"-")[0] for sample in mixed)
+    # The largest source keeps its size; the other is upsampled towards it, capped at 1.5x the total.
+    assert counts[b"big"] == 20 and counts[b"small"] == 10
+
+
+def test_dataset_mix_recipe_batches_have_exact_counts(tmp_path: Path) -> None:
+    main = Dataset.from_source("tars", make_tars(tmp_path / "main", 2, 6, prefix="main"), daemon=None)
+    aux = Dataset.from_source("tars", make_tars(tmp_path / "aux", 1, 2, prefix="aux"), daemon=None)
+    batches = list(Dataset.mix({"main": main, "aux": aux}, recipe={"main": 3, "aux": 1}, main="main"))
+    assert len(batches) == 4
+    for batch in batches:
+        assert Counter(s["txt"].split(b"-")[0] for s in batch) == {b"main": 3, b"aux": 1}
+
+
+def test_dataset_mini_epochs_equals_the_module_function(tmp_path: Path) -> None:
+    ds = Dataset.from_source("tars", make_tars(tmp_path / "tars", 6, 2), daemon=None)
+    ds.set_epoch(2)
+    by_method = ds.mini_epochs(4, num_workers=0)
+    by_function = mini_epochs(ds, 4, num_workers=0)
+    assert [keys(c) for c in by_method] == [keys(c) for c in by_function]
+    assert sorted(k for c in by_method for k in keys(c)) == sorted(keys(ds))
