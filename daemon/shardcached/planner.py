@@ -36,6 +36,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from shardcached.policies import Recency, farthest_next_use, least_recent
+
 logger = logging.getLogger(__name__)
 
 POLICIES = ("belady", "lru")
@@ -104,8 +106,7 @@ class Planner:
         # url -> plan id -> its position in that plan, or the ascending positions when it repeats there
         # (a bare int for the common case keeps memory and garbage-collector work down for 100k-url plans).
         self._positions: dict[str, dict[str, int | list[int]]] = {}
-        self._recency: dict[str, int] = {}
-        self._seq = 0
+        self._recency = Recency()
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
 
@@ -186,8 +187,7 @@ class Planner:
         (skipped positions are passed over; a repeated open of an already passed url leaves it in place),
         earlier epochs of the same (job, slot) count as finished, and the slot's pace is updated.
         """
-        self._seq += 1
-        self._recency[url] = self._seq
+        self._recency.touch(url)
         if plan_id is None:
             return
         plan = self._plans.get(plan_id)
@@ -212,12 +212,11 @@ class Planner:
 
     def touch(self, url: str) -> None:
         """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
-        self._seq += 1
-        self._recency[url] = self._seq
+        self._recency.touch(url)
 
     def forget(self, url: str) -> None:
         """The shard left the cache: drop its recency."""
-        self._recency.pop(url, None)
+        self._recency.forget(url)
 
     # ------------------------------------------------------------------ queries
 
@@ -256,27 +255,17 @@ class Planner:
         if not pool:
             return None
         if self.policy == "lru":
-            return min(pool, key=self._recency_of)
+            return least_recent(pool, self._recency)
         now = self._clock()
         self._maybe_expire(now)
         ref = self._reference_interval()
         lines: dict[str, tuple[float, float]] = {}
-        unplanned: list[str] = []
-        farthest: str | None = None
-        farthest_time = -math.inf
-        for url in pool:
-            when = self._next_time(url, now, ref, lines)
-            if when is None:
-                unplanned.append(url)
-            elif farthest is None or when > farthest_time:
-                farthest, farthest_time = url, when
-        if unplanned:
-            return min(unplanned, key=self._recency_of)
-        if incoming is not None:
-            incoming_time = self._next_time(incoming, now, ref, lines)
-            if incoming_time is not None and farthest_time <= incoming_time:
-                return None
-        return farthest
+        incoming_time = None if incoming is None else self._next_time(incoming, now, ref, lines)
+        if incoming is not None and incoming_time is None:
+            incoming_time = math.inf  # a prefetch nobody plans may only displace unplanned shards
+        return farthest_next_use(
+            pool, lambda url: self._next_time(url, now, ref, lines), self._recency, incoming_time
+        )
 
     def prefetch_candidates(self, skip: Callable[[str], bool], limit: int) -> list[str]:
         """Up to `limit` urls to fetch ahead, nearest next use first.
@@ -349,10 +338,6 @@ class Planner:
         ]
 
     # ------------------------------------------------------------------ internals
-
-    def _recency_of(self, url: str) -> int:
-        # Never opened (e.g. warmed by /v1/prefetch and not yet read) counts as least recent.
-        return self._recency.get(url, 0)
 
     def _maybe_expire(self, now: float) -> None:
         # Amortised O(1): the earliest moment any chain can go stale only moves forward.

@@ -1,0 +1,63 @@
+"""Eviction policies: plain recency (the LRU baseline) and Belady's farthest-next-use over planned uses.
+
+The planner supplies the estimates (`next_time`: the clock time a url is next expected to be opened, None
+when no plan has it ahead); these functions only rank. Kept apart from the plan bookkeeping so that the rule
+the property tests check against offline MIN reads in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+
+class Recency:
+    """Order of last use: a counter, not the clock, so two opens in one clock tick still rank."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._seq = 0
+
+    def touch(self, url: str) -> None:
+        self._seq += 1
+        self._last[url] = self._seq
+
+    def forget(self, url: str) -> None:
+        self._last.pop(url, None)
+
+    def rank(self, url: str) -> int:
+        """Larger is more recent; a url never used (or forgotten) ranks 0, the least recent."""
+        return self._last.get(url, 0)
+
+
+def least_recent(pool: Sequence[str], recency: Recency) -> str:
+    """The LRU victim of a non-empty pool."""
+    return min(pool, key=recency.rank)
+
+
+def farthest_next_use(
+    pool: Sequence[str],
+    next_time: Callable[[str], float | None],
+    recency: Recency,
+    incoming_time: float | None = None,
+) -> str | None:
+    """Belady's victim of a non-empty pool.
+
+    Shards in no plan go first, least recent first; otherwise the one whose next use is farthest. With
+    `incoming_time` (a prefetch expected then) returns None when every candidate is needed no later: evicting
+    it would trade a sooner use for a later one.
+    """
+    unplanned: list[str] = []
+    farthest: str | None = None
+    farthest_time = -math.inf
+    for url in pool:
+        when = next_time(url)
+        if when is None:
+            unplanned.append(url)
+        elif farthest is None or when > farthest_time:
+            farthest, farthest_time = url, when
+    if unplanned:
+        return least_recent(unplanned, recency)
+    if incoming_time is not None and farthest_time <= incoming_time:
+        return None
+    return farthest
