@@ -96,6 +96,30 @@ def run_variant(
     return opens, cycles
 
 
+def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
+    """One client alone, sequential: wall time and CPU time per open+release on each side of the socket."""
+    import psutil
+
+    daemon = psutil.Process(daemon_pid)
+    client = DaemonClient(socket, required=True)
+    for url in urls:
+        with client.open(url):
+            pass
+    daemon_before = sum(daemon.cpu_times()[:2])
+    client_before, wall_before = time.process_time(), time.perf_counter()
+    for i in range(count):
+        with client.open(urls[i % len(urls)]) as handle:
+            handle.read(HEADER)
+    wall = (time.perf_counter() - wall_before) / count * 1e3
+    client_cpu = (time.process_time() - client_before) / count * 1e3
+    daemon_cpu = (sum(daemon.cpu_times()[:2]) - daemon_before) / count * 1e3
+    client.close()
+    return (
+        f"one client, sequential: {wall:.2f} ms per open+release; CPU per open: client {client_cpu:.2f} ms, "
+        f"daemon {daemon_cpu:.2f} ms"
+    )
+
+
 def describe(name: str, values: np.ndarray) -> str:
     p50, p99 = np.percentile(values, [50, 99])
     return f"{name:<26} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {values.max():7.2f} ms"
@@ -136,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             f"open latency: {args.procs} client processes on {os.cpu_count()} cores, {args.shards} cached "
             f"shards, {args.seconds:g} s per variant"
         )
+        print(cpu_split(daemon.socket, daemon.process.pid, urls, 1000))
         for label, sync_release in (("deferred release", False), ("synchronous release", True)):
             profile = str(work / f"profile-{int(sync_release)}.out") if args.profile else None
             opens, cycles = run_variant(daemon.socket, urls, args.procs, args.seconds, sync_release, profile)
