@@ -133,10 +133,8 @@ class FaultProxy:
             self.counters.requests[(request.method, request.key)] += 1
             if request.method not in self.methods:
                 return None
-            for match, fault in self._always:
-                if match(request.key):
-                    break
-            else:
+            fault = next((f for match, f in self._always if match(request.key)), None)
+            if fault is None:
                 queue = self._queues.get(request.key)
                 fault = queue.popleft() if queue else None
             if fault is not None:

@@ -101,7 +101,10 @@ def test_every_fault_kind_is_retried_and_the_shard_published_whole(make_bucket, 
         assert Path(answer.json()["path"]).read_bytes() == Path(local).read_bytes()
     assert dict(proxy.counters.faults) == dict.fromkeys(kinds, 1)
     assert (
-        assert_cache_intact(daemon.cache_dir, dict(zip(shards.s3_urls, map(Path, shards.local_paths)))) == 5
+        assert_cache_intact(
+            daemon.cache_dir, dict(zip(shards.s3_urls, map(Path, shards.local_paths), strict=True))
+        )
+        == 5
     )
 
 
