@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{median_ratio:>11.3f}x"
                 )
         print(
-            f"(median of {args.repeats} interleaved rounds; ratio = raw time / client time; target >= 0.95x)"
+            f"({args.repeats} interleaved rounds; GB/s and best ratio from each side's fastest pass; "
+            f"ratio = raw time / client time; target >= 0.95x)"
         )
     finally:
         if daemon is not None:

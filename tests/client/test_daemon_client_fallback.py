@@ -1,4 +1,4 @@
-"""DaemonClient without a daemon: direct reads with one warning, or a clear error when the daemon is required."""
+"""DaemonClient without a daemon: direct reads with one warning, or an error when the daemon is required."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_no_daemon_reads_file_urls_directly(missing_socket: str, local_shards: S
         assert shard.read() == Path(path).read_bytes()
 
 
-def test_no_daemon_reads_s3_urls_with_fsspec(missing_socket: str, make_bucket) -> None:  # type: ignore[no-untyped-def]
+def test_no_daemon_reads_s3_urls_with_fsspec(missing_socket: str, make_bucket) -> None:
     shards = make_bucket(count=1)
     with DaemonClient(missing_socket) as client, client.open(shards.s3_urls[0]) as shard:
         assert shard.read() == Path(shards.local_paths[0]).read_bytes()
