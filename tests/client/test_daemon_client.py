@@ -197,3 +197,29 @@ def test_prefetch_evict_and_shards_list(daemon_factory, local_shards: ShardSet) 
         client.prefetch(paths[2:])
         assert client.health().status == "ok"
         assert client.available()
+
+
+def test_closed_shards_are_released_so_the_cache_can_evict_them(
+    daemon_factory, local_shards: ShardSet
+) -> None:
+    sizes = [Path(p).stat().st_size for p in local_shards.local_paths]
+    capacity = str(max(sizes) * 2 + 1)  # room for two shards: every third open must evict a released one
+    daemon = daemon_factory(
+        allow=[str(local_shards.local_dir)], capacity=capacity, extra_args=["--evict-wait-s", "2"]
+    )
+    with DaemonClient(daemon.socket, required=True) as client:
+        for path in local_shards.local_paths * 2:
+            assert read_through(client, path) == Path(path).read_bytes()
+        stats = client.stats()
+    assert stats.evictions >= len(local_shards.local_paths)
+    assert stats.used <= int(capacity)
+
+
+def test_open_shard_is_not_evicted_while_the_reader_holds_it(daemon_factory, local_shards: ShardSet) -> None:
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)])
+    first, second = local_shards.local_paths[:2]
+    with DaemonClient(daemon.socket, required=True) as client, client.open(first) as shard:
+        client.evict(first)  # evicting a leased shard must not pull the file from under its reader
+        with client.open(second) as other:
+            other.read()
+        assert shard.read() == Path(first).read_bytes()
