@@ -111,7 +111,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error on %s %s", request.method, request.url.path)
+        logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
         return _error(500, "internal", f"{type(exc).__name__}: {exc}; see the daemon's log")
 
     return app

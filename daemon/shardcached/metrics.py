@@ -32,8 +32,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter("shardcache_requests", "Shard opens by result", ["result"], registry=registry)
-        for result in ("hit", "inflight", "miss"):
-            self.requests.labels(result)
+        # Children bound once: the hot path skips the label lookup.
+        self.requests_by = {result: self.requests.labels(result) for result in ("hit", "inflight", "miss")}
         self.open_wait = Histogram(
             "shardcache_open_wait_seconds",
             "How long an open waited for its shard to be local",
@@ -46,8 +46,7 @@ class Metrics:
         self.served_bytes = Counter(
             "shardcache_served_bytes", "Bytes handed to clients", ["mode"], registry=registry
         )
-        for mode in ("path", "stream"):
-            self.served_bytes.labels(mode)
+        self.served_by = {mode: self.served_bytes.labels(mode) for mode in ("path", "stream")}
         self.fetch_seconds = Histogram(
             "shardcache_fetch_seconds",
             "Duration of completed downloads",

@@ -23,16 +23,13 @@ from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
+from shardcached.prefetch import NoRoom, Prefetcher
 from shardcached.store import Entry, Store
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _INFO_TTL_S = 60.0  # how long a prefetch that found no room reuses the remote info it fetched
-
-
-class _NoRoom(Exception):
-    """A prefetch found no space it may take; it waits for the next change."""
 
 
 class ShardService:
@@ -65,7 +62,7 @@ class ShardService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
         self._changed = asyncio.Event()
-        self._wake = asyncio.Event()
+        self.prefetcher = Prefetcher(self, clock)
         self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
         self._closing = False
         self._loops: list[asyncio.Task[Any]] = []
@@ -74,7 +71,7 @@ class ShardService:
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the prefetcher and the housekeeping loop (call from the running loop)."""
-        self._loops = [self._spawn(self._prefetch_loop()), self._spawn(self._housekeeping_loop())]
+        self._loops = [self.spawn(self.prefetcher.run()), self.spawn(self._housekeeping_loop())]
 
     async def stop(self, deadline_s: float = 20.0) -> None:
         """Stop fetching: downloads notice the cancel flag within one chunk and remove their temp files."""
@@ -88,7 +85,7 @@ class ShardService:
             task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -101,11 +98,11 @@ class ShardService:
         """Space or leases changed: wake opens waiting for room, and the prefetcher."""
         self._changed.set()
         self._changed = asyncio.Event()
-        self._wake.set()
+        self.prefetcher.wake()
 
     def wake_prefetcher(self) -> None:
         """Plans changed: look for shards to prefetch."""
-        self._wake.set()
+        self.prefetcher.wake()
 
     def begin_shutdown(self) -> None:
         """Refuse new opens and tell downloads to stop; `stop` then waits for them."""
@@ -116,6 +113,17 @@ class ShardService:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def busy(self, url: str) -> bool:
+        """Whether `url` is resident or being fetched."""
+        return url in self.store.by_url or url in self._inflight
+
+    def inflight_future(self, url: str) -> asyncio.Future[Entry] | None:
+        return self._inflight.get(url)
 
     # -- opens ------------------------------------------------------------------------------------------
     async def open(
@@ -147,18 +155,18 @@ class ShardService:
             self.hits += 1
         else:
             self.misses += 1
-        self.metrics.requests.labels(result).inc()
+        self.metrics.requests_by[result].inc()
         if mode is not None:
             self.count_served(mode, served)
         if entry.prefetched and not entry.used:
             self.metrics.prefetched.labels("used").inc()
         entry.used = True
         entry.last_use = time.time()
-        self._wake.set()
+        self.prefetcher.wake()
 
     def count_served(self, mode: str, nbytes: int) -> None:
         self.bytes_served += nbytes
-        self.metrics.served_bytes.labels(mode).inc(nbytes)
+        self.metrics.served_by[mode].inc(nbytes)
 
     async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
         result = "hit"
@@ -173,10 +181,10 @@ class ShardService:
                 result = "inflight" if result == "hit" else result
             else:
                 result = "miss"
-                future = self._start_fetch(url, size, checksum, demand=True)
+                future = self.start_fetch(url, size, checksum, demand=True)
             try:
                 entry = await asyncio.shield(future)
-            except _NoRoom:
+            except NoRoom:
                 continue  # we joined a prefetch that gave up; fetch on demand
             # The fetch may have finished a while ago; make sure it is still resident before leasing.
             if self.store.by_url.get(url) is entry:
@@ -197,7 +205,7 @@ class ShardService:
         entry.validated_at = self._clock()
         return True
 
-    def _start_fetch(
+    def start_fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False
     ) -> asyncio.Future[Entry]:
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
@@ -208,6 +216,10 @@ class ShardService:
         async def run() -> None:
             try:
                 future.set_result(await self._fetch(url, size, checksum, demand=demand, warm=warm))
+            except DaemonError as exc:
+                if not demand:
+                    self.prefetcher.note_failure(url, exc)
+                future.set_exception(exc)
             except BaseException as exc:  # handed to every waiter
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else ShuttingDown(str(exc)))
@@ -215,10 +227,10 @@ class ShardService:
                     raise
             finally:
                 self._inflight.pop(url, None)
-                if not isinstance(future.exception() if not future.cancelled() else None, _NoRoom):
+                if not isinstance(future.exception() if not future.cancelled() else None, NoRoom):
                     self._notify()
 
-        self._spawn(run())
+        self.spawn(run())
         return future
 
     async def _fetch(
@@ -288,7 +300,7 @@ class ShardService:
 
         Raises:
             InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
-            _NoRoom: a prefetch would have to evict something needed sooner.
+            NoRoom: a prefetch would have to evict something needed sooner.
         """
         store = self.store
         if size > store.capacity:
@@ -302,11 +314,11 @@ class ShardService:
             if candidates:
                 victim = self.planner.choose_victim(candidates, None if demand else url)
                 if victim is None:
-                    raise _NoRoom(url)
+                    raise NoRoom(url)
                 self._evict(victim, "capacity" if demand else "prefetch")
                 continue
             if not demand:
-                raise _NoRoom(url)
+                raise NoRoom(url)
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise InsufficientCapacity(
@@ -346,44 +358,11 @@ class ShardService:
         self._notify()
         return released
 
-    # -- prefetch and warming ---------------------------------------------------------------------------
     def warm(self, urls: list[str]) -> list[str]:
-        """Fetch `urls` in the background, at most `max_fetches` at a time; returns the canonical URLs."""
+        """Fetch `urls` in the background (`POST /v1/prefetch`); returns the canonical URLs."""
         canonical = [self.allow.check(url) for url in urls]
-        self._spawn(self._warm(canonical))
+        self.spawn(self.prefetcher.warm(canonical))
         return canonical
-
-    async def _warm(self, urls: list[str]) -> None:
-        gate = asyncio.Semaphore(self.max_fetches)
-
-        async def one(url: str) -> None:
-            async with gate:
-                if self._closing or url in self.store.by_url:
-                    return
-                future = self._inflight.get(url) or self._start_fetch(url, None, None, demand=True, warm=True)
-                try:
-                    await asyncio.shield(future)
-                except DaemonError as exc:
-                    logger.warning("warming %s failed: %s", url, exc.detail)
-                except _NoRoom:
-                    pass
-
-        await asyncio.gather(*(one(url) for url in urls))
-
-    async def _prefetch_loop(self) -> None:
-        while not self._closing:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._closing:
-                return
-            slots = self.max_fetches - len(self._inflight)
-            if slots <= 0:
-                continue
-            for url in self.planner.prefetch_candidates(self._resident_or_inflight, slots):
-                self._start_fetch(url, None, None, demand=False)
-
-    def _resident_or_inflight(self, url: str) -> bool:
-        return url in self.store.by_url or url in self._inflight
 
     async def _housekeeping_loop(self) -> None:
         while not self._closing:
@@ -393,3 +372,4 @@ class ShardService:
             now = self._clock()
             for url in [u for u, (at, _) in self._infos.items() if now - at > _INFO_TTL_S]:
                 del self._infos[url]
+            self.prefetcher.forget_failures(now)
