@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import httpx
 from daemon_helpers import Proxy, api, files_in, wait_for
 
-from shardcache.devservers import Daemon
+from shardcache.devservers import Daemon, free_tcp_port
 
 TEMP_PREFIX = ".tmp-"
 SMALL_CHUNKS = {"SHARDCACHE_CHUNK_BYTES": str(64 * 1024)}  # so a temp file grows while we look
@@ -73,3 +75,23 @@ def test_sigterm_during_a_fetch_exits_0_removes_the_socket_and_leaves_no_partial
             thread.join(30)
     assert not os.path.exists(daemon.socket)
     assert files_in(daemon.cache_dir) == []
+
+
+def test_a_socket_left_by_a_killed_daemon_is_replaced_at_restart(daemon_factory, local_shards):
+    first = daemon_factory(allow=[str(local_shards.local_dir)])
+    first.kill()
+    assert os.path.exists(first.socket)
+    second = daemon_factory(allow=[str(local_shards.local_dir)], socket_path=Path(first.socket))
+    assert second.healthy()
+
+
+def test_a_second_daemon_on_a_live_socket_refuses_to_start(daemon_factory, local_shards, tmp_path):
+    first = daemon_factory(allow=[str(local_shards.local_dir)])
+    args = ["--socket", first.socket, "--cache-dir", str(tmp_path / "other"), "--capacity", "1MiB"]
+    args += ["--metrics-addr", f"127.0.0.1:{free_tcp_port()}"]
+    second = subprocess.run(
+        [sys.executable, "-m", "shardcached", *args], capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 1
+    assert "already listens" in second.stderr
+    assert first.healthy()
