@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
+from conftest import ShardSet, make_tar_shard
 from shardcache.daemon_client import DaemonClient
+from shardcache.devservers import Daemon, start_daemon
 
 
 def shardcache(*args: str, socket: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -24,9 +30,39 @@ def shardcache(*args: str, socket: str | None = None) -> subprocess.CompletedPro
     )
 
 
+@dataclass
+class Served:
+    daemon: Daemon
+    shards: list[str]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One daemon for the whole module (each test uses its own shards), so the CLI tests stay fast."""
+    root = tmp_path_factory.mktemp("cli")
+    source = root / "shards"
+    source.mkdir()
+    shards = []
+    for i in range(8):
+        make_tar_shard(source / f"cli_{i:02d}.tar", i, samples=4)
+        shards.append(str(source / f"cli_{i:02d}.tar"))
+    socket_dir = Path(tempfile.mkdtemp(prefix="sccli-", dir="/tmp"))
+    daemon = start_daemon(socket_dir / "d.sock", root / "cache", [str(source)], log=root / "daemon.log")
+    try:
+        yield Served(daemon, shards)
+    finally:
+        daemon.stop()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
 @pytest.fixture
-def daemon(daemon_factory, local_shards: ShardSet):
-    return daemon_factory(allow=[str(local_shards.local_dir)])
+def daemon(served: Served) -> Daemon:
+    return served.daemon
+
+
+def resident_names(daemon: Daemon) -> set[str]:
+    with DaemonClient(daemon.socket, required=True) as client:
+        return {Path(shard.url).name for shard in client.shards()}
 
 
 def test_stats_prints_a_human_table(daemon) -> None:
@@ -43,23 +79,21 @@ def test_stats_json_holds_every_counter(daemon) -> None:
     assert {"hits", "misses", "hit_ratio", "bytes_fetched", "capacity", "used"} <= stats.keys()
 
 
-def test_warm_fetches_every_url_given(daemon, local_shards: ShardSet) -> None:
-    result = shardcache("warm", *local_shards.local_paths[:3], socket=daemon.socket)
+def test_warm_fetches_every_url_given(served: Served) -> None:
+    urls = served.shards[0:3]
+    result = shardcache("warm", *urls, socket=served.daemon.socket)
     assert result.returncode == 0, result.stderr
     assert "warmed 3 shards" in result.stderr
-    with DaemonClient(daemon.socket, required=True) as client:
-        stats = client.stats()
-    assert (stats.resident_shards, stats.misses) == (3, 3)
+    assert {Path(url).name for url in urls} <= resident_names(served.daemon)
 
 
-def test_warm_reads_a_manifest(daemon, local_shards: ShardSet, tmp_path: Path) -> None:
+def test_warm_reads_a_manifest(served: Served, tmp_path: Path) -> None:
     manifest = tmp_path / "shards.jsonl"
-    rows = [{"url": p, "size": Path(p).stat().st_size} for p in local_shards.local_paths]
+    rows = [{"url": p, "size": Path(p).stat().st_size} for p in served.shards[3:5]]
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    result = shardcache("warm", "--manifest", str(manifest), socket=daemon.socket)
+    result = shardcache("warm", "--manifest", str(manifest), socket=served.daemon.socket)
     assert result.returncode == 0, result.stderr
-    with DaemonClient(daemon.socket, required=True) as client:
-        assert client.stats().resident_shards == len(rows)
+    assert {Path(row["url"]).name for row in rows} <= resident_names(served.daemon)
 
 
 def test_warm_without_urls_is_a_usage_error(daemon) -> None:
@@ -68,27 +102,28 @@ def test_warm_without_urls_is_a_usage_error(daemon) -> None:
     assert "--manifest" in result.stderr
 
 
-def test_ls_lists_resident_shards(daemon, local_shards: ShardSet) -> None:
-    shardcache("warm", local_shards.local_paths[0], socket=daemon.socket)
-    result = shardcache("ls", socket=daemon.socket)
+def test_ls_lists_resident_shards(served: Served) -> None:
+    shardcache("warm", served.shards[5], socket=served.daemon.socket)
+    result = shardcache("ls", socket=served.daemon.socket)
     assert result.returncode == 0, result.stderr
-    assert Path(local_shards.local_paths[0]).name in result.stdout
-    assert "1 shards" in result.stdout
+    assert Path(served.shards[5]).name in result.stdout
+    assert re.search(r"^\d+ shards, ", result.stdout, re.MULTILINE)
 
 
-def test_ls_on_an_empty_cache_says_so(daemon) -> None:
+def test_ls_on_an_empty_cache_says_so(daemon_factory, local_shards: ShardSet) -> None:
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     result = shardcache("ls", socket=daemon.socket)
     assert result.returncode == 0, result.stderr
     assert "no resident shards" in result.stdout
 
 
-def test_evict_removes_the_shard(daemon, local_shards: ShardSet) -> None:
-    url = local_shards.local_paths[0]
-    shardcache("warm", url, socket=daemon.socket)
-    result = shardcache("evict", url, socket=daemon.socket)
+def test_evict_removes_the_shard(served: Served) -> None:
+    url = served.shards[6]
+    shardcache("warm", url, socket=served.daemon.socket)
+    assert Path(url).name in resident_names(served.daemon)
+    result = shardcache("evict", url, socket=served.daemon.socket)
     assert result.returncode == 0, result.stderr
-    with DaemonClient(daemon.socket, required=True) as client:
-        assert client.stats().resident_shards == 0
+    assert Path(url).name not in resident_names(served.daemon)
 
 
 def test_warm_outside_the_allow_list_fails_naming_the_url(daemon, tmp_path: Path) -> None:
