@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the local demo (S3 endpoint, daemon, two passes)", add_help=False)
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+
+    from shardcache.cache.cli import add_cache_subcommands
+
+    add_cache_subcommands(sub)
     return parser
 
 
@@ -188,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from shardcache import demo
 
         return demo.main(args.demo_args)
+    if args.command == "cache":
+        # `.cache()` entries are local Lance datasets: no daemon is involved.
+        from shardcache.cache.cli import run_cache_command
+
+        return run_cache_command(args)
     client = DaemonClient(args.socket, required=True)
     try:
         return int(args.run(client, args))

@@ -149,3 +149,25 @@ def test_manifest_writes_one_line_per_shard(local_shards: ShardSet, tmp_path: Pa
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(Path(row["url"]).name for row in rows) == sorted(local_shards.names)
+
+
+def test_cache_ls_runs_without_a_daemon(tmp_path: Path, short_tmp: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardcache.cli",
+            "--socket",
+            str(short_tmp / "none.sock"),
+            "cache",
+            "ls",
+            "--json",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
