@@ -8,7 +8,8 @@ the property tests check against offline MIN reads in one place.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 
 class Recency:
@@ -61,3 +62,35 @@ def farthest_next_use(
     if incoming_time is not None and farthest_time <= incoming_time:
         return None
     return farthest
+
+
+class Window(NamedTuple):
+    """Positions start..end-1 of a plan's urls, expected at clock times a + position * b."""
+
+    urls: Sequence[str]
+    start: int
+    end: int
+    a: float
+    b: float
+
+
+def nearest_first(windows: Iterable[Window], skip: Callable[[str], bool], limit: int) -> list[str]:
+    """Up to `limit` urls of the prefetch windows not skipped, by the time their window expects them.
+
+    A url inside two windows keeps the nearer time. Ranking by the window's own time needs no index
+    look-up per url; the eviction check (`farthest_next_use`) still uses the true nearest use.
+    """
+    found: dict[str, float] = {}
+    skipped: set[str] = set()
+    for window in windows:
+        for position in range(window.start, window.end):
+            url = window.urls[position]
+            when = window.a + position * window.b
+            if url in found:
+                found[url] = min(found[url], when)
+            elif url not in skipped:
+                if skip(url):
+                    skipped.add(url)
+                else:
+                    found[url] = when
+    return sorted(found, key=found.__getitem__)[:limit]

@@ -191,11 +191,26 @@ def test_unplanned_shards_are_evicted_first_least_recent_first(clock: Clock) -> 
 
 
 def test_a_prefetch_waits_rather_than_evict_a_shard_needed_sooner(clock: Clock) -> None:
-    planner = belady(clock)
+    planner = belady(clock, displace_ahead=4)
     planner.add_plan("j", 0, 0, ["a", "b", "c", "d"])
     assert planner.choose_victim(["a", "b"], incoming="c") is None
     assert planner.choose_victim(["a", "d"], incoming="c") == "d"
     assert planner.choose_victim(["a", "b"], incoming=None) == "b"
+
+
+def test_a_prefetch_displaces_nothing_until_its_shard_is_next_for_its_slot(clock: Clock) -> None:
+    planner = belady(clock)  # displace_ahead=1: farther prefetches only fill free space
+    pid = planner.add_plan("j", 0, 0, ["a", "b", "c"])
+    planner.record_open("old")
+    assert planner.choose_victim(["old"], incoming="b") is None
+    planner.record_open("a", pid)
+    assert planner.choose_victim(["old"], incoming="b") == "old"
+
+
+def test_a_prefetch_of_a_shard_in_no_plan_displaces_nothing(clock: Clock) -> None:
+    planner = belady(clock)
+    planner.record_open("old")
+    assert planner.choose_victim(["old"], incoming="stray") is None
 
 
 def test_prefetch_candidates_are_nearest_first_within_the_depth(clock: Clock) -> None:
