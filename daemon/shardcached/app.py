@@ -21,6 +21,7 @@ from shardcached.api import build_router
 from shardcached.config import Settings
 from shardcached.errors import DaemonError
 from shardcached.fetcher import Fetcher
+from shardcached.hotpath import HotPath, validation_detail
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders
 from shardcached.planner import Planner
@@ -32,14 +33,6 @@ logger = logging.getLogger(__name__)
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status)
-
-
-def _validation_detail(exc: RequestValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts) + "; see the API table in DESIGN.md"
 
 
 def create_app(settings: Settings, store: Store, planner: Planner, registry: CollectorRegistry) -> FastAPI:
@@ -93,6 +86,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
     )
     app.state.service = service
     app.include_router(build_router(service, settings.policy))
+    app.add_middleware(HotPath, service=service)
 
     # One handler maps every domain error to its status; the others give framework errors the same shape.
     @app.exception_handler(DaemonError)
@@ -101,7 +95,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, "invalid_request", _validation_detail(exc))
+        return _error(422, "invalid_request", validation_detail(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

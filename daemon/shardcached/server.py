@@ -107,7 +107,9 @@ async def serve(settings: Settings) -> int:
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.cache_dir, settings.capacity_bytes(), settings.lease_ttl_s)
     store.recover()
-    planner = Planner(settings.policy, settings.prefetch_depth, settings.plan_stale_s)
+    planner = Planner(
+        policy=settings.policy, prefetch_depth=settings.prefetch_depth, stale_after_s=settings.plan_stale_s
+    )
     registry = CollectorRegistry()
     app = create_app(settings, store, planner, registry)
     api_socket = bind_unix_socket(settings.socket)
