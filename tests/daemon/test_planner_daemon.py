@@ -121,3 +121,15 @@ def test_lru_policy_never_prefetches(make_bucket, daemon_factory):
         assert set(resident(http)) == {urls[0]}
         assert open_and_release(http, urls[1], plan) is False
     assert metric(daemon, "shardcache_prefetched_shards_total", 'outcome="used"') == 0
+
+
+def test_a_plan_without_opens_goes_stale_and_is_dropped(make_bucket, daemon_factory):
+    shards = make_bucket(count=2)
+    daemon = daemon_factory(
+        allow=[f"s3://{shards.bucket}"], extra_args=["--plan-stale-s", "1", "--prefetch-depth", "0"]
+    )
+    with api(daemon) as http:
+        plan = http.post("/v1/plans", json={"job": "j", "slot": 0, "epoch": 0, "urls": shards.s3_urls}).json()
+        wait_for(lambda: http.get("/v1/stats").json()["plans"] == 0, "the idle plan to be dropped")
+        assert http.delete(f"/v1/plans/{plan['plan']}").status_code == 404
+    assert metric(daemon, "shardcache_plans") == 0
