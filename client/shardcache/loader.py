@@ -6,13 +6,16 @@ a loader-side `.shuffle(...)` that mixes samples across workers, optional `.asse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import hashlib
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset, _callable, _positive_int
+from shardcache.errors import StateError
+from shardcache.loader_stream import MergeNode, WorkerLauncher, WorkerStream
 from shardcache.stages import AssembleStage, BatchStage, MapStage, Node, ShuffleStage, Stage, UnbatchStage
-from shardcache.stages.base import State
 
 
 def _torch_data() -> Any:
@@ -25,39 +28,70 @@ def _torch_data() -> Any:
     return data
 
 
-class _LoaderNode(Node):
-    """The merged stream of the DataLoader's workers, as the first node of the loader-side stages."""
+STATE_VERSION = 1
 
-    # TODO(resume, issue 6): per-worker states (each worker's PipelineIterator state) and the order in which
-    # the DataLoader interleaves workers make TorchLoader's state_dict; not implemented here.
 
-    def __init__(self, iterable: Any) -> None:
-        super().__init__()
-        self.iterable = iterable
+class LoaderIterator:
+    """One pass of a TorchLoader; `state_dict()` is the position before the next item it yields."""
 
-    def gen(self) -> Iterator[Any]:
-        return iter(self.iterable)
+    def __init__(self, node: Node, header: dict[str, Any]) -> None:
+        self.node = node
+        self.header = header
+        self._next = node.__next__
+        # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
+        # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
+        # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
+        # each. Closing when this (acyclic) object is released stops the workers at once.
+        self._finalizer = weakref.finalize(self, node.close)
 
-    def state_dict(self) -> State:
-        return {}
+    def __iter__(self) -> LoaderIterator:
+        return self
 
-    def load_state_dict(self, state: State) -> None:
-        self._check_not_started()
+    def __next__(self) -> Any:
+        return self._next()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Small and JSON-serialisable: the loader's identity, layout, epoch and every node's position."""
+        return {**self.header, "pipeline": self.node.state_dict()}
+
+    def close(self) -> None:
+        """Stop the workers and close the loader-side stages."""
+        self._finalizer()
+
+
+class _Runtime:
+    __slots__ = ("iterator", "pending")
+
+    def __init__(self) -> None:
+        self.iterator: LoaderIterator | None = None
+        self.pending: dict[str, Any] | None = None
 
 
 class TorchLoader:
     """A `torch.utils.data.DataLoader` over `dataset`, with loader-side stages in the main process.
 
+    Iteration is resumable: `state_dict()` after any item, `load_state_dict(state)` on a fresh TorchLoader
+    built the same way (same dataset, stages, batch size and num_workers; same ranks), and the next
+    iteration yields exactly what the uninterrupted one would have yielded next. The main process merges
+    the workers in a fixed rotation (see `shardcache.loader_stream`), so the order of items does not
+    depend on worker timing. Loader-side shuffle and assemble resume by replay from their start (see
+    `shardcache.stages.base.ReplayNode`), which re-reads the workers' streams since the epoch start.
+
     Args:
         dataset: The pipeline each worker iterates (its slot comes from rank and worker id).
         num_workers: DataLoader worker processes (0: iterate in the main process).
         batch_size: Worker-side batch size (None: samples pass one by one).
-        collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples).
-        **loader_kwargs: Any other DataLoader argument (pin_memory, prefetch_factor, persistent_workers, ...).
+        collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
+            `default_collate` for batches and `default_convert` for single samples, as in DataLoader.
+        **loader_kwargs: Any other DataLoader argument (pin_memory, prefetch_factor, persistent_workers,
+            multiprocessing_context, drop_last for worker-side batches, ...).
 
     Example:
         >>> loader = (TorchLoader(ds, num_workers=8, batch_size=32, collate_fn=lambda x: x)  # doctest: +SKIP
         ...           .unbatch().shuffle(4096).batch(64))
+        >>> for step, batch in enumerate(loader):  # doctest: +SKIP
+        ...     if step % 1000 == 0:
+        ...         save({"model": ..., "data": loader.state_dict()})
     """
 
     def __init__(
@@ -83,6 +117,7 @@ class TorchLoader:
         self.collate_fn = collate_fn
         self.loader_kwargs = loader_kwargs
         self.stages: tuple[Stage, ...] = tuple(_stages)
+        self._runtime = _Runtime()
 
     def _add(self, stage: Stage) -> TorchLoader:
         return TorchLoader(
@@ -125,7 +160,7 @@ class TorchLoader:
         self.dataset.set_epoch(epoch)
 
     def dataloader(self) -> Any:
-        """The underlying DataLoader (a new one per call)."""
+        """A plain DataLoader over the dataset (a new one per call), without loader-side stages or resume."""
         data = _torch_data()
         kwargs = dict(self.loader_kwargs)
         if self.collate_fn is not None:
@@ -134,12 +169,96 @@ class TorchLoader:
             self.dataset, num_workers=self.num_workers, batch_size=self.batch_size, **kwargs
         )
 
-    def __iter__(self) -> Iterator[Any]:
-        loader = self.dataloader()
-        if not self.stages:
-            return iter(loader)
+    # -- resume ---------------------------------------------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
+        from shardcache.stages.map import callable_name
+
+        collate = None if self.collate_fn is None else callable_name(self.collate_fn)
+        parts = [
+            self.dataset.fingerprint(),
+            f"workers={self.num_workers} batch={self.batch_size} collate={collate} "
+            f"drop_last={bool(self.loader_kwargs.get('drop_last', False))}",
+            *(stage.describe() for stage in self.stages),
+        ]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the most recent iteration (or the state loaded and not yet used)."""
+        if self._runtime.iterator is not None:
+            return self._runtime.iterator.state_dict()
+        if self._runtime.pending is not None:
+            return self._runtime.pending
+        raise StateError("TorchLoader.state_dict(): this loader has not been iterated yet; iterate it first")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration resume from `state` (as taken by `state_dict()`).
+
+        Raises:
+            StateError: a state of another version, pipeline, batching or stage list, or taken with another
+                num_workers or data-parallel layout.
+        """
+        self._check_state(state, self.dataset.resolve_context())
+        self._runtime.pending = state
+
+    def _header(self, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "kind": "torch_loader",
+            "fingerprint": self.fingerprint(),
+            "num_workers": self.num_workers,
+            "dp_rank": ctx.dp_rank,
+            "dp_size": ctx.dp_size,
+            "epoch": ctx.epoch,
+        }
+
+    def _check_state(self, state: Any, ctx: RuntimeContext) -> None:
+        if not isinstance(state, dict) or state.get("kind") != "torch_loader":
+            raise StateError("resume state was not taken from a TorchLoader (use Dataset.load_state_dict)")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(
+                f"TorchLoader resume state version {state.get('version')!r} is not supported "
+                f"(expected {STATE_VERSION})"
+            )
+        if state.get("num_workers") != self.num_workers:
+            raise StateError(
+                f"resume state was taken with num_workers={state.get('num_workers')}, this TorchLoader has "
+                f"num_workers={self.num_workers}; resume with the same number of workers"
+            )
+        if (state.get("dp_rank"), state.get("dp_size")) != (ctx.dp_rank, ctx.dp_size):
+            raise StateError(
+                f"resume state is for data-parallel rank {state.get('dp_rank')} of {state.get('dp_size')}, "
+                f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size"
+            )
+        if state.get("fingerprint") != self.fingerprint():
+            raise StateError(
+                "resume state was taken from a TorchLoader with another dataset, batching or stage list "
+                f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
+            )
+        if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
+            raise StateError("TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated")
+
+    # -- iteration ------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
-        node: Node = _LoaderNode(loader)
+        pending, self._runtime.pending = self._runtime.pending, None
+        if pending is not None:
+            self._check_state(pending, ctx)
+            ctx = ctx.with_epoch(int(pending["epoch"]))
+        kwargs = dict(self.loader_kwargs)
+        drop_last = bool(kwargs.pop("drop_last", False))
+        stream = WorkerStream(
+            self.dataset, self.batch_size, self.collate_fn, drop_last, {}, frozenset(), ctx.epoch
+        )
+        # The launcher holds no reference back to this TorchLoader: an iterator dropped unfinished is then
+        # freed (and its workers stopped) by reference counting, not by a later garbage collection.
+        node: Node = MergeNode(WorkerLauncher(stream, self.num_workers, kwargs), self.num_workers)
         for stage in self.stages:
             node = stage.node(node, ctx)
-        return node
+        if pending is not None:
+            node.load_state_dict(pending["pipeline"])
+        iterator = LoaderIterator(node, self._header(ctx))
+        self._runtime.iterator = iterator
+        return iterator

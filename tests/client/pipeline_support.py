@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shardcache import Dataset, RuntimeContext
 
@@ -49,6 +49,22 @@ def slot_contexts(total: int, workers: int = 1, **kw: Any) -> list[RuntimeContex
     ]
 
 
+def worker_context() -> Any:
+    """The multiprocessing context for DataLoader workers in tests: forkserver, with torch preloaded.
+
+    lance registers an at-fork hook that warns "lance is not fork-safe" in the PARENT at every fork once it
+    is imported, and other tests in the session import it; forking the pytest process would trip
+    `filterwarnings = error`. Workers forked from a clean forkserver avoid that without a filter, and show
+    that pipelines and loader states pickle (as under spawn). Preloading torch there keeps worker starts
+    cheap (a fresh interpreter per worker would import torch each time).
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch.utils.data", "shardcache", "shardcache.sources.tars"])
+    return context
+
+
 class FakeDeviceMesh:
     """A stand-in for torch's DeviceMesh (size/get_local_rank per dim); a real one needs a process group."""
 
@@ -64,17 +80,69 @@ class FakeDeviceMesh:
         return self.coords[dim]
 
 
+class Resumable(Protocol):
+    """A Dataset or a TorchLoader: iterable, with the state contract."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _iterate(obj: Resumable, context: RuntimeContext | None) -> Iterator[Any]:
+    return obj.iter_context(context) if isinstance(obj, Dataset) else iter(obj)
+
+
+def _close(it: Iterator[Any]) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def _round_trip(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as a checkpoint stores it: through JSON, so a non-serialisable or tuple-keyed state fails."""
+    loaded: dict[str, Any] = json.loads(json.dumps(state))
+    return loaded
+
+
+def _resumed_tail(
+    make: Callable[[], Resumable], state: dict[str, Any], context: RuntimeContext | None
+) -> list[Any]:
+    resumed = make()
+    resumed.load_state_dict(_round_trip(state))
+    return list(_iterate(resumed, context))
+
+
 def assert_resumes(
-    make: Callable[[], Dataset], points: Iterable[int], context: RuntimeContext | None = None
+    make: Callable[[], Resumable],
+    points: Iterable[int],
+    context: RuntimeContext | None = None,
+    *,
+    hop: bool = True,
 ) -> None:
-    """The resume contract: a state taken after n items, loaded into a fresh pipeline, yields the rest."""
-    full = list(make().iter_context(context))
+    """The resume contract (torchdata's `run_test_save_load_state`), for any Dataset or TorchLoader.
+
+    For each n in `points`: iterate a fresh pipeline n items, take `state_dict()`, round-trip it through
+    JSON, load it into ANOTHER fresh pipeline from `make()`, and check that the head plus the resumed tail
+    equals the uninterrupted run: nothing lost, nothing repeated, same order. With `hop`, the resumed run
+    is itself interrupted halfway and resumed once more (a state taken after a resume is as good), and a
+    state loaded but not yet iterated is returned unchanged by `state_dict()`.
+    """
+    full = list(_iterate(make(), context))
     for n in sorted({min(n, len(full)) for n in points}):
-        ds = make()
-        it = ds.iter_context(context)
+        first = make()
+        it = _iterate(first, context)
         head = [next(it) for _ in range(n)]
-        state = json.loads(json.dumps(ds.state_dict()))
-        resumed = make()
-        resumed.load_state_dict(state)
-        tail = list(resumed.iter_context(context))
-        assert head + tail == full, f"resume after {n} items diverged"
+        state = _round_trip(first.state_dict())
+        _close(it)
+        if not hop:
+            assert head + _resumed_tail(make, state, context) == full, f"resume after {n} items diverged"
+            continue
+        second = make()
+        second.load_state_dict(state)
+        assert _round_trip(second.state_dict()) == state, "a loaded, unused state must read back unchanged"
+        it = _iterate(second, context)
+        middle = [next(it) for _ in range((len(full) - n) // 2)]
+        again = _round_trip(second.state_dict())
+        _close(it)
+        tail = _resumed_tail(make, again, context)
+        assert head + middle + tail == full, f"resume after {n} then {len(middle)} more items diverged"

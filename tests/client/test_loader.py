@@ -7,14 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import FakeDeviceMesh, make_tars
+from pipeline_support import FakeDeviceMesh, make_tars, worker_context
 
 torch_data = pytest.importorskip("torch.utils.data")
 
 from shardcache import Dataset, RuntimeContext, TorchLoader  # noqa: E402
-
-# Other tests in the session import lance, which warns at every fork; these workers never touch lance.
-pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
 
 
 def identity(batch: list[Any]) -> list[Any]:
@@ -44,7 +41,9 @@ def tars(tmp_path: Path) -> list[str]:
 def test_dataset_is_an_iterable_dataset_for_a_plain_dataloader(tars: list[str]) -> None:
     ds = Dataset.from_source("tars", tars, daemon=None)
     assert isinstance(ds, torch_data.IterableDataset)
-    loader = torch_data.DataLoader(ds, num_workers=2, batch_size=None)
+    loader = torch_data.DataLoader(
+        ds, num_workers=2, batch_size=None, multiprocessing_context=worker_context()
+    )
     seen = Counter(s["__key__"] for s in loader)
     assert len(seen) == 20 and set(seen.values()) == {1}
 
@@ -52,7 +51,9 @@ def test_dataset_is_an_iterable_dataset_for_a_plain_dataloader(tars: list[str]) 
 def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str]) -> None:
     ds = Dataset.from_source("tars", tars, daemon=None)
     loader = (
-        TorchLoader(ds, num_workers=2, batch_size=3, collate_fn=identity)
+        TorchLoader(
+            ds, num_workers=2, batch_size=3, collate_fn=identity, multiprocessing_context=worker_context()
+        )
         .unbatch()
         .shuffle(buffer_size=6, seed=1)
         .assemble(Pairs)
@@ -73,7 +74,13 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str]) -> None:
             device_mesh=mesh, dp_dims="dp", env={"RANK": str(tp), "WORLD_SIZE": "2"}
         )
         ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
-        loader = TorchLoader(ds, num_workers=2, batch_size=2, collate_fn=identity).unbatch().shuffle(8)
+        loader = (
+            TorchLoader(
+                ds, num_workers=2, batch_size=2, collate_fn=identity, multiprocessing_context=worker_context()
+            )
+            .unbatch()
+            .shuffle(8)
+        )
         return [s["__key__"] for s in loader]
 
     first = run(0)
@@ -84,8 +91,8 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str]) -> None:
 def test_explicit_context_counts_dataloader_workers(tars: list[str]) -> None:
     ctx = RuntimeContext(rank=1, world_size=2)
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
-    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2)]
+    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2, multiprocessing_context=worker_context())]
     other = Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(rank=0, world_size=2))
-    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2)]
+    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, multiprocessing_context=worker_context())]
     assert len(got) == len(rest) == 10  # 2 ranks x 2 workers = 4 slots, one shard of 5 each
     assert len(set(got) | set(rest)) == 20
