@@ -142,7 +142,10 @@ def main() -> None:
             f"{args.shards} x {args.shard_mib:g} MiB shards, remote {args.rate_mib:g} MiB/s through a "
             f"throttling proxy, consumer {consume_s * 1000:.0f} ms per shard ({args.slowdown:g}x transfer)"
         )
-        print(f"{'mode':<22}{'epoch0 s':>9}{'wait[0] s':>10}{'stall>1st':>11}{'epoch1 s':>9}{'hits1':>7}")
+        print(
+            f"{'mode':<22}{'epoch0 s':>9}{'wait[0] s':>10}{'stall>1st':>11}{'max wait>1st':>14}"
+            f"{'epoch1 s':>9}{'hits1':>7}"
+        )
         results = {}
         with tempfile.TemporaryDirectory(prefix="stall-") as workdir:
             for policy, label in (("lru", "no prefetch (lru)"), ("belady", "prefetch (belady)")):
@@ -152,6 +155,7 @@ def main() -> None:
                 results[policy] = first
                 print(
                     f"{label:<22}{first.seconds:>9.2f}{first.waits[0]:>10.3f}{first.stall_after_first:>10.2%}"
+                    f"{max(first.waits[1:]) * 1000:>11.1f} ms"
                     f"{second.seconds:>9.2f}{second.hits / len(urls):>7.2f}",
                     flush=True,
                 )
