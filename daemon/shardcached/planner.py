@@ -74,21 +74,22 @@ class Planner:
     Args:
         policy: ``"belady"`` (farthest next use over all plans) or ``"lru"`` (plain recency, no prefetch).
         prefetch_depth: how many positions ahead of each (job, slot)'s cursor may be prefetched.
+        stale_after_s: a (job, slot) with no open and no new plan for this long loses its plans.
+        clock: monotonic seconds; injected so that tests drive time.
         displace_ahead: a prefetch may evict a resident shard only for a shard at most this many opens ahead
             of its slot's cursor; farther prefetches fill free space only. Evicting early decides with less
             knowledge than a later demand miss would have (the plans of the epoch after next arrive when the
             next one starts), which cost 2-6% extra fetches over MIN in the 4-of-16-slots benchmark.
-        stale_after_s: a (job, slot) with no open and no new plan for this long loses its plans.
-        clock: monotonic seconds; injected so that tests drive time.
     """
 
     def __init__(
         self,
         policy: str = "belady",
         prefetch_depth: int = 2,
-        displace_ahead: int = 1,
         stale_after_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        displace_ahead: int = 1,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}: use one of {', '.join(POLICIES)}")

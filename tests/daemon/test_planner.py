@@ -249,3 +249,13 @@ def test_a_forgotten_shard_counts_as_least_recent(clock: Clock) -> None:
 
 def test_no_candidates_means_no_victim(clock: Clock) -> None:
     assert belady(clock).choose_victim([], incoming=None) is None
+
+
+def test_positional_arguments_follow_the_published_interface(clock: Clock) -> None:
+    planner = Planner("lru", 3, 5.0, clock)
+    assert (planner.policy, planner.prefetch_depth, planner.stale_after_s, planner.displace_ahead) == (
+        "lru",
+        3,
+        5.0,
+        1,
+    )
