@@ -7,6 +7,10 @@ exactly the epoch's shards, each once; the chunking changes with the epoch like 
 
 Within a chunk the source spreads the chunk's shards over the slots as usual, which needs at least one
 shard per slot (ranks × DataLoader workers): a chunk with fewer is refused here, with the numbers.
+
+The daemon sees the whole epoch's order: every chunk carries the source options `job` (one id for all
+chunks) and `plan_following` (the later chunks of this epoch and the chunks of the next), so each slot's
+"next" plan is what it reads after this chunk and the next chunk is prefetched while this one trains.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError
-from shardcache.sources.schedule import permutation
+from shardcache.sources.schedule import job_id, permutation
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +79,17 @@ def mini_epochs(
         # DataLoader(num_workers=0) loads in the main process: one slot per rank.
         ctx = dataclasses.replace(ctx, worker_id=0, num_workers=max(1, num_workers))
     shards = dataset.source.shards
-    order = permutation(len(shards), ctx.seed, ctx.epoch)
-    chunks = [order[i : i + shards_per_chunk] for i in range(0, len(order), shards_per_chunk)]
+
+    def chunked(epoch: int) -> list[list[int]]:
+        order = permutation(len(shards), ctx.seed, epoch)
+        return [order[i : i + shards_per_chunk] for i in range(0, len(order), shards_per_chunk)]
+
+    chunks = chunked(ctx.epoch)
     _check_slots(chunks, shards_per_chunk, ctx)
+    order = [i for chunk in chunks for i in chunk]
+    groups = [(ctx.epoch, tuple(shards[i].url for i in c)) for c in chunks]
+    groups += [(ctx.epoch + 1, tuple(shards[i].url for i in c)) for c in chunked(ctx.epoch + 1)]
+    job = dataset.source.options.get("job") or job_id([ref.url for ref in shards], ctx.seed)
     logger.info(
         "epoch %d: %d shards in %d mini epochs of up to %d shards",
         ctx.epoch,
@@ -87,11 +99,15 @@ def mini_epochs(
     )
     return [
         Dataset(
-            dataclasses.replace(dataset.source, shards=tuple(shards[i] for i in chunk)),
+            dataclasses.replace(
+                dataset.source,
+                shards=tuple(shards[i] for i in chunk),
+                options={**dataset.source.options, "job": job, "plan_following": tuple(groups[k + 1 :])},
+            ),
             dataset.stages,
             epoch=ctx.epoch,
         )
-        for chunk in chunks
+        for k, chunk in enumerate(chunks)
     ]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, SourceSpec, Unit
+from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
 _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
@@ -35,7 +36,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
     import importlib
 
-    accepted = _KINDS[kind][2]
+    accepted = (*_KINDS[kind][2], *PLAN_OPTIONS)
     for name in options:
         if name not in accepted:
             raise ConfigError(
@@ -45,6 +46,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     module = importlib.import_module(f"shardcache.sources.{_KINDS[kind][0]}")
     checker: Callable[[dict[str, Any]], None] = module.check_options
     checker(options)
+    check_plan_options(options)
 
 
 def node_class(kind: str) -> type[SourceNode]:

@@ -8,15 +8,15 @@ order, index within the unit): the state a resume needs, with no sample data.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.shards import ShardRef
 from shardcache.sources.opener import DaemonSetting, ShardOpener
-from shardcache.sources.schedule import PlanTracker, job_id, slot_order
+from shardcache.sources.schedule import PLAN_OPTIONS, PlanTracker, job_id, slot_order
 from shardcache.stages.base import Node, State
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class SourceSpec:
                 return "[" + ",".join(show(v) for v in value) + "]"
             return repr(value)
 
-        options = ",".join(f"{k}={show(v)}" for k, v in sorted(self.options.items()))
+        options = ",".join(f"{k}={show(v)}" for k, v in sorted(self.options.items()) if k not in PLAN_OPTIONS)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
 
@@ -104,10 +104,9 @@ class SourceNode(Node):
     def gen(self) -> Iterator[dict[str, Any]]:
         units = self.units()
         resample = self.spec.resample
+        job = self.spec.options.get("job") or job_id([r.url for r in self.spec.shards], self.ctx.seed)
         tracker = self._tracker = PlanTracker(
-            self.opener.client if self.uses_daemon else None,
-            job_id([r.url for r in self.spec.shards], self.ctx.seed),
-            self.ctx.slot,
+            self.opener.client if self.uses_daemon else None, job, self.ctx.slot
         )
         empty_rounds = 0
         try:
@@ -116,7 +115,7 @@ class SourceNode(Node):
                 plan = tracker.start(
                     self.epoch if not resample else self.epoch + self.round,
                     [units[u].ref.url for u in order],
-                    [units[u].ref.url for u in self._next_order(units)],
+                    self._next_urls(units) if tracker.client is not None else [],
                 )
                 while self.pos < len(order):
                     i = self.index
@@ -128,6 +127,7 @@ class SourceNode(Node):
                     self.index = 0
                 tracker.finish()
                 if not resample:
+                    tracker.keep_following()
                     return
                 empty_rounds = 0 if order else empty_rounds + 1
                 if empty_rounds > self.ctx.total_slots:
@@ -137,15 +137,30 @@ class SourceNode(Node):
         finally:
             tracker.close()
 
-    def _next_order(self, units: list[Unit]) -> list[int]:
+    def _next_urls(self, units: list[Unit]) -> list[str]:
+        """What this slot opens after the current epoch (or round): the daemon's "next" plan."""
         if self.spec.resample:
-            return self.order(units, self.round + 1)
+            return [units[u].ref.url for u in self.order(units, self.round + 1)]
+        following = self.spec.options.get("plan_following")
+        if following is not None:
+            return [url for epoch, urls in following for url in self.plan_urls(urls, epoch)]
         saved = self.epoch
         self.epoch = saved + 1
         try:
-            return self.order(units, 0)
+            return [units[u].ref.url for u in self.order(units, 0)]
         finally:
             self.epoch = saved
+
+    def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
+        """The urls this slot would open reading a dataset of the same kind over `urls` at `epoch`.
+
+        Exact for sources whose units need no I/O to list (tars, jsonl); sources that must read shard
+        metadata for their units override this with a shard-level estimate.
+        """
+        spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options={})
+        sibling = type(self)(spec, self.ctx.with_epoch(epoch))
+        units = sibling.units()
+        return [units[u].ref.url for u in sibling.order(units, 0)]
 
     def state_dict(self) -> State:
         return {

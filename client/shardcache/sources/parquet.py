@@ -9,6 +9,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.schedule import slot_order
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,11 @@ def _pq() -> Any:
 
 
 class ParquetSource(SourceNode):
+    def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
+        # Listing the row groups of shards read later would open (fetch) them now; a shard-level order is
+        # a close enough hint for the daemon, and the real plan replaces it when those shards are read.
+        return [urls[i] for i in slot_order(len(urls), self.ctx, epoch)]
+
     def units(self) -> list[Unit]:
         pq = _pq()
         units: list[Unit] = []

@@ -6,7 +6,14 @@ by exactly one slot per epoch, and with resampling successive rounds rotate unit
 
 Plans (the client side of the daemon's Belady planner): when a slot starts an epoch it registers its ordered
 shard URLs for this epoch and the next, opens shards with the current plan id, and deletes the plan when
-the epoch's iteration ends. Nothing here runs with `daemon=None`.
+the epoch's iteration ends; the next epoch's plan stays when the epoch ran to its end (the next iteration
+re-registers it, keeping its cursor, and the daemon expires plans nobody uses). Nothing here runs with
+`daemon=None`.
+
+A dataset that is one piece of a longer epoch (a mini-epoch chunk) says what is read after it with two
+source options: `plan_following`, a sequence of `(epoch, urls)` groups each read as its own dataset at that
+epoch, and `job`, the job id every piece shares. Its "next" plan is then this slot's order over those groups
+instead of the same shards at epoch + 1, so the daemon prefetches the next chunk while this one trains.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import logging
 import os
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError
 
 if TYPE_CHECKING:
     from shardcache.daemon_client import DaemonClient
@@ -26,6 +34,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 JOB_ENV = "SHARDCACHE_JOB"
+# Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
+# the pipeline fingerprint.
+PLAN_OPTIONS = ("plan_following", "job")
+
+
+def check_plan_options(options: dict[str, Any]) -> None:
+    """Validate `plan_following` (a sequence of (epoch, urls) groups) and `job` (a non-empty string)."""
+    job = options.get("job")
+    if job is not None and (not isinstance(job, str) or not job):
+        raise ConfigError(f"job={job!r}: expected a non-empty string (the id every piece of the job shares)")
+    groups = options.get("plan_following")
+    if groups is None:
+        return
+    if isinstance(groups, str) or not isinstance(groups, Sequence):
+        raise ConfigError(
+            "plan_following=: expected a list of (epoch, [url, ...]) groups read after this dataset"
+        )
+    for group in groups:
+        ok = isinstance(group, tuple | list) and len(group) == 2 and isinstance(group[0], int)
+        if not ok or isinstance(group[1], str) or not isinstance(group[1], Sequence):
+            raise ConfigError(f"plan_following=: group {group!r} is not an (epoch, [url, ...]) pair")
+        if not all(isinstance(url, str) for url in group[1]):
+            raise ConfigError(f"plan_following=: group {group!r} holds a non-string url")
 
 
 def permutation(n: int, seed: int, epoch: int, round_index: int = 0) -> list[int]:
@@ -100,8 +131,12 @@ class PlanTracker:
             self.client.delete_plan(self.current)
         self.current = None
 
+    def keep_following(self) -> None:
+        """The iteration ran to its end: leave the next plan registered for the daemon (see the module)."""
+        self._following = None
+
     def close(self) -> None:
-        """Delete every plan this tracker registered (quietly when the daemon is gone)."""
+        """Delete every plan this tracker still holds (quietly when the daemon is gone)."""
         self.finish()
         self._drop_following()
 
