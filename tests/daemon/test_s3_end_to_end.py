@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from daemon_helpers import Proxy, api, metric
-
-
-def test_open_hands_over_a_local_file_with_the_objects_bytes(make_bucket, daemon_factory):
-    shards = make_bucket(count=2)
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
-    with api(daemon) as http:
-        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
-    assert Path(answer["path"]).read_bytes() == Path(shards.local_paths[0]).read_bytes()
-    assert answer["size"] == shards.size_of(shards.names[0])
-    assert answer["url"] == shards.s3_urls[0]
 
 
 def test_first_open_misses_and_second_hits(make_bucket, daemon_factory):
@@ -63,48 +52,6 @@ def test_sixteen_concurrent_opens_of_one_shard_download_it_once(make_bucket, dae
     assert metric(daemon, "shardcache_fetched_bytes_total") == size
     with api(daemon) as http:
         assert http.get("/v1/stats").json()["bytes_fetched"] == size
-
-
-def test_missing_object_is_404_and_leaves_no_file(make_bucket, daemon_factory):
-    shards = make_bucket(count=1)
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
-    with api(daemon) as http:
-        answer = http.post("/v1/shards/open", json={"url": f"s3://{shards.bucket}/shards/nope.tar"})
-    assert answer.status_code == 404
-    assert "nope.tar" in answer.json()["detail"]
-    assert list(daemon.cache_dir.iterdir()) == []
-
-
-def test_checksum_mismatch_is_an_error_and_publishes_nothing(make_bucket, daemon_factory):
-    shards = make_bucket(count=1)
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
-    with api(daemon) as http:
-        answer = http.post(
-            "/v1/shards/open", json={"url": shards.s3_urls[0], "checksum": "sha256:" + "0" * 64}
-        )
-        stats = http.get("/v1/stats").json()
-    assert answer.status_code == 502
-    assert answer.json()["error"] == "checksum_mismatch"
-    assert stats["resident_shards"] == 0
-    assert list(daemon.cache_dir.iterdir()) == []
-
-
-def test_matching_checksum_is_accepted(make_bucket, daemon_factory):
-    shards = make_bucket(count=1)
-    digest = hashlib.sha256(Path(shards.local_paths[0]).read_bytes()).hexdigest()
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
-    with api(daemon) as http:
-        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0], "checksum": f"sha256:{digest}"})
-    assert answer.status_code == 200
-
-
-def test_size_differing_from_the_request_is_reported(make_bucket, daemon_factory):
-    shards = make_bucket(count=1)
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
-    with api(daemon) as http:
-        answer = http.post("/v1/shards/open", json={"url": shards.s3_urls[0], "size": 12345})
-    assert answer.status_code == 502
-    assert answer.json()["error"] == "size_mismatch"
 
 
 def test_transient_remote_errors_are_retried(make_bucket, daemon_factory, s3_server):
