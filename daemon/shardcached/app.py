@@ -21,7 +21,7 @@ from shardcached.api import build_router
 from shardcached.config import Settings
 from shardcached.errors import DaemonError
 from shardcached.fetcher import Fetcher
-from shardcached.hotpath import HotPath, validation_detail
+from shardcached.hotpath import validation_detail
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders
 from shardcached.planner import Planner
@@ -38,7 +38,8 @@ def _error(status: int, code: str, detail: str) -> JSONResponse:
 def create_app(settings: Settings, store: Store, planner: Planner, registry: CollectorRegistry) -> FastAPI:
     """The API app; its lifespan starts and stops the service (prefetcher, housekeeping, downloads).
 
-    The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown).
+    The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown and
+    wraps the app in `HotPath`, which answers open and release before FastAPI's routing).
     """
     metrics = Metrics(registry)
     fetcher = Fetcher(
@@ -83,10 +84,11 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # FastAPI's OpenTelemetry hooks cost CPU on every request; the daemon exports Prometheus metrics.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.service = service
     app.include_router(build_router(service, settings.policy))
-    app.add_middleware(HotPath, service=service)
 
     # One handler maps every domain error to its status; the others give framework errors the same shape.
     @app.exception_handler(DaemonError)

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from shardcached.app import create_app, create_metrics_app
 from shardcached.config import Settings, parse_host_port
+from shardcached.hotpath import HotPath
 from shardcached.planner import Planner
 from shardcached.store import Store
 
@@ -119,7 +120,7 @@ async def serve(settings: Settings) -> int:
         api_socket.close()
         _remove(settings.socket)
         raise
-    api = _Server(_uvicorn_config(app, 10))
+    api = _Server(_uvicorn_config(HotPath(app, app.state.service), 10))
     metrics = _Server(_uvicorn_config(create_metrics_app(registry), 2))
     metrics.config.lifespan = "off"
 
