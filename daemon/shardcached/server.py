@@ -133,6 +133,8 @@ async def serve(settings: Settings) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    if not settings.allow:
+        logger.warning("no --allow prefix is configured: every open will be refused with 403")
     logger.info(
         "shardcached %s: socket %s, metrics http://%s/metrics, cache %s (%d bytes), allow %s",
         app.version,

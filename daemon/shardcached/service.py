@@ -319,6 +319,8 @@ class ShardService:
                 continue
             if not demand:
                 raise NoRoom(url)
+            if self._closing:
+                raise ShuttingDown("the daemon is shutting down; retry shortly")
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise InsufficientCapacity(
