@@ -63,6 +63,7 @@ def test_an_allowed_local_shard_opens(daemon, layout):
         "allowed2/near.tar",  # shares the prefix string but not the path segment
         "allowed/escape.tar",  # symlink out of the allowed directory
         "allowed/linkdir/key.tar",  # directory symlink out of it
+        "allowed/linkdir/../secret/key.tar",  # `..` after a symlink climbs from the link's target
     ],
 )
 def test_local_paths_outside_the_allow_list_are_403(daemon, layout, relative):
