@@ -118,8 +118,10 @@ class WorkerLauncher:
         )
         if not isinstance(stream, data.IterableDataset):
             data.IterableDataset.register(WorkerStream)
-        loader = data.DataLoader(
-            stream,
+        # WorkerStream is an IterableDataset by registration (torch is imported lazily); mypy cannot see it.
+        dataset: Any = stream
+        loader: Any = data.DataLoader(
+            dataset,
             num_workers=self.num_workers,
             batch_size=None,
             collate_fn=passthrough,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import assert_resumes, make_tars, slot_contexts
+from pipeline_support import make_tars, slot_contexts
 
-from shardcache import Dataset, RuntimeContext
+from shardcache import Dataset
 from shardcache.errors import ConfigError
 
 
@@ -68,11 +68,6 @@ def test_jsonl_tar_references_resolve_to_member_bytes(
     assert sample["more"] == [b"shard-0-0"]
 
 
-def test_jsonl_resumes_exactly(jsonl_files: list[str]) -> None:
-    ctx = RuntimeContext(rank=1, world_size=2)
-    assert_resumes(lambda: Dataset.from_source("jsonl", jsonl_files, daemon=None), [0, 2, 3, 5], context=ctx)
-
-
 @pytest.fixture
 def parquet_files(tmp_path: Path) -> list[str]:
     paths = []
@@ -107,12 +102,6 @@ def test_parquet_columns_and_metadata(parquet_files: list[str]) -> None:
     }
 
 
-def test_parquet_resumes_exactly(parquet_files: list[str]) -> None:
-    assert_resumes(
-        lambda: Dataset.from_source("parquet", parquet_files, daemon=None, batch_size=2), [0, 1, 4, 11, 20]
-    )
-
-
 @pytest.fixture
 def lance_path(tmp_path: Path) -> str:
     import lance
@@ -141,13 +130,6 @@ def test_lance_none_reads_in_order_and_global_permutes_per_epoch(lance_path: str
     assert [s["tokens"] for s in shuffled] == first
     shuffled.set_epoch(1)
     assert [s["tokens"] for s in shuffled] != first
-
-
-@pytest.mark.parametrize("mode", ["none", "global"])
-def test_lance_resumes_exactly(lance_path: str, mode: str) -> None:
-    assert_resumes(
-        lambda: Dataset.from_source("lance", lance_path, shuffle_mode=mode, batch_size=4), [0, 3, 4, 17]
-    )
 
 
 @pytest.mark.parametrize(

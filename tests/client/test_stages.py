@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import assert_resumes, keys, make_tars
+from pipeline_support import keys, make_tars
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError, StateError
@@ -117,28 +117,6 @@ def test_unbatch_splits_dicts_of_columns(tars: list[str]) -> None:
         return {"__key__": [s["__key__"] for s in batch]}
 
     assert keys(base(tars).batch(4, collate_fn=columns).unbatch()) == keys(base(tars))
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda d: d.map(add_len),
-        lambda d: d.select("txt"),
-        lambda d: d.shuffle(7, initial=3),
-        lambda d: d.batch(5),
-        lambda d: d.batch(5).unbatch(),
-        lambda d: d.assemble(Pairs),
-        lambda d: d.shuffle(4).batch(3).unbatch().assemble(Pairs).batch(2),
-    ],
-    ids=["map", "select", "shuffle", "batch", "unbatch", "assemble", "chain"],
-)
-def test_every_stage_resumes_exactly(tars: list[str], build: Any) -> None:
-    assert_resumes(lambda: build(base(tars)), [0, 1, 3, 7, 11])
-
-
-def test_resume_under_a_slot_context(tars: list[str]) -> None:
-    ctx = RuntimeContext(rank=1, world_size=2, seed=5, epoch=2)
-    assert_resumes(lambda: base(tars).shuffle(3), [0, 2, 5], context=ctx)
 
 
 def test_state_from_another_pipeline_is_refused(tars: list[str]) -> None:
