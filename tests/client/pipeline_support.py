@@ -98,9 +98,15 @@ def _close(it: Iterator[Any]) -> None:
         close()
 
 
+# States hold positions, never samples: a few hundred bytes per stage and worker.
+MAX_STATE_BYTES = 4096
+
+
 def _round_trip(state: dict[str, Any]) -> dict[str, Any]:
     """The state as a checkpoint stores it: through JSON, so a non-serialisable or tuple-keyed state fails."""
-    loaded: dict[str, Any] = json.loads(json.dumps(state))
+    text = json.dumps(state)
+    assert len(text) <= MAX_STATE_BYTES, f"a resume state of {len(text)} bytes is not small: {text[:200]}..."
+    loaded: dict[str, Any] = json.loads(text)
     return loaded
 
 
