@@ -9,6 +9,7 @@ download removes its temp file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -22,7 +23,15 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.callbacks import Callback
 
-from shardcached.errors import BadRequest, DaemonError, IntegrityError, NotFound, RemoteError, ShuttingDown
+from shardcached.errors import (
+    BadRequest,
+    DaemonError,
+    InsufficientCapacity,
+    IntegrityError,
+    NotFound,
+    RemoteError,
+    ShuttingDown,
+)
 from shardcached.keys import is_local
 
 logger = logging.getLogger(__name__)
@@ -221,23 +230,10 @@ class Fetcher:
                 raise
             except (TypeError, AttributeError, NameError, AssertionError):
                 raise  # a bug, not a remote fault: never retried
-            except FileNotFoundError as exc:
-                self._on_error("not_found")
-                raise NotFound(f"{url} does not exist: {exc}", code="remote_not_found") from exc
-            except IsADirectoryError as exc:
-                self._on_error("not_found")
-                raise NotFound(f"{url} is a directory, not a shard file", code="remote_not_found") from exc
-            except PermissionError as exc:
-                self._on_error("forbidden")
-                raise RemoteError(
-                    f"the remote refused access to {url}: {exc}; check the daemon's credentials",
-                    code="remote_forbidden",
-                ) from exc
             except Exception as exc:
-                status = getattr(exc, "status", None)
-                if isinstance(status, int) and 400 <= status < 500 and status != 429:
-                    self._on_error("client_error")
-                    raise RemoteError(f"the remote answered {status} for {url}: {exc}") from exc
+                final = self._final_error(url, exc)
+                if final is not None:
+                    raise final from exc
                 self._on_error("transient")
                 if tries >= self.retries:
                     raise RemoteError(
@@ -249,3 +245,34 @@ class Fetcher:
                 if cancel.wait(sleep):
                     raise Cancelled(f"fetching {url} cancelled: the daemon is shutting down") from exc
         raise AssertionError("unreachable")
+
+    def _final_error(self, url: str, exc: Exception) -> DaemonError | None:
+        """The error to report at once for `exc`, or None when it is transient and worth a retry."""
+        kind: str
+        error: DaemonError
+        if isinstance(exc, FileNotFoundError | IsADirectoryError):
+            kind, error = (
+                "not_found",
+                NotFound(f"{url} does not exist or is not a file: {exc}", code="remote_not_found"),
+            )
+        elif isinstance(exc, PermissionError):
+            kind = "forbidden"
+            error = RemoteError(
+                f"the remote refused access to {url}: {exc}; check the daemon's credentials",
+                code="remote_forbidden",
+            )
+        elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            kind = "disk_full"
+            error = InsufficientCapacity(
+                f"writing {url} into the cache failed: {exc}; free space on the cache filesystem or set "
+                f"shardcached --capacity below what the disk holds",
+                code="cache_disk_full",
+            )
+        elif (
+            isinstance(status := getattr(exc, "status", None), int) and 400 <= status < 500 and status != 429
+        ):
+            kind, error = "client_error", RemoteError(f"the remote answered {status} for {url}: {exc}")
+        else:
+            return None
+        self._on_error(kind)
+        return error
