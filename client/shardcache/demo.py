@@ -1,84 +1,52 @@
-"""`make demo`: a local S3 endpoint, the daemon, and every shard read twice through `DaemonClient`.
+"""`make demo`: two ranks with DataLoader workers train two epochs on an S3 dataset through the node daemon.
 
-Starts moto's S3 server, uploads a few generated tar shards, starts `shardcached` (cache under
-`.shardcache/` in the current directory, socket in a temporary directory, metrics on 127.0.0.1:9464 or a free
-port), reads every shard twice, prints hits, misses, bytes fetched against the dataset size and read
-throughput, and stops everything, also on Ctrl-C. Sizes come from flags or `SHARDCACHE_DEMO_SHARDS` /
-`SHARDCACHE_DEMO_SHARD_MB`.
+Starts moto's S3 server and uploads a generated image-and-label tar dataset (`shardcache.demo_data`), starts
+`shardcached` with its cache under `.shardcache/` and a capacity smaller than the dataset (75% unless
+`--capacity` says otherwise), metrics on 127.0.0.1:9464 (or a free port), then runs `--ranks` rank processes
+(`shardcache.demo_rank`) with `--workers` TorchLoader workers each for `--epochs` epochs. After each epoch
+the ranks meet the coordinator at a barrier, where it reads the daemon's counters; at the end it prints hit
+ratio, bytes fetched against the dataset size, samples per second and the time spent waiting per epoch, and
+stops everything, also on Ctrl-C.
+
+Against your own data: `--shards 's3://bucket/train/shard_{000000..000099}.tar' --no-local-s3` (credentials
+and endpoint from the usual AWS environment), and `--socket PATH` to use a daemon that is already running.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
-import logging
+import multiprocessing
 import os
+import re
 import shutil
-import socket
 import sys
-import tarfile
 import tempfile
-import time
+import threading
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shardcache.cli import human_bytes
 from shardcache.daemon_client import DaemonClient
+from shardcache.demo_data import DemoDataset, describe_user_shards, upload
+from shardcache.demo_rank import EpochReport, RankConfig, run_rank
+from shardcache.demo_table import EpochRow, render_table
 from shardcache.devservers import Daemon, S3Server, free_tcp_port, start_daemon, start_s3_server
 from shardcache.errors import RemoteNotFound, ShardcacheError
 
-logger = logging.getLogger(__name__)
-
 BUCKET = "shardcache-demo"
-SAMPLE_BYTES = 256 * 1024
-READ_CHUNK = 8 * 1024 * 1024
-
-
-def make_shard(index: int, size: int) -> bytes:
-    """A tar shard of about `size` bytes: random `.bin` samples with a small `.json` beside each."""
-    samples = max(1, size // SAMPLE_BYTES)
-    payload = max(1, size // samples - 1024)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for i in range(samples):
-            key = f"sample_{index:04d}_{i:05d}"
-            for suffix, data in ((".bin", os.urandom(payload)), (".json", b'{"label": %d}' % (i % 10))):
-                info = tarfile.TarInfo(key + suffix)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def upload_dataset(server: S3Server, shards: int, shard_bytes: int) -> tuple[list[str], int]:
-    """Create the demo bucket and upload generated shards; returns their URLs and total size."""
-    try:
-        import boto3
-    except ImportError as exc:
-        raise SystemExit("the demo needs boto3: pip install 'shardcache[dev]' (or run `make demo`)") from exc
-    s3 = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", **_credentials(server))
-    s3.create_bucket(Bucket=BUCKET)
-    urls, total = [], 0
-    for index in range(shards):
-        body = make_shard(index, shard_bytes)
-        key = f"train/shard_{index:06d}.tar"
-        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
-        urls.append(f"s3://{BUCKET}/{key}")
-        total += len(body)
-    return urls, total
-
-
-def _credentials(server: S3Server) -> dict[str, str]:
-    env = server.env
-    return {
-        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-    }
+_OPEN_WAIT_SUM = re.compile(r"^shardcache_open_wait_seconds_sum(?:\{\})? (\S+)$", re.MULTILINE)
 
 
 def metrics_port(preferred: int) -> int:
     """`preferred` when it is free on 127.0.0.1, else any free port."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As uvicorn binds: a port left in TIME_WAIT by an earlier demo is still usable.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", preferred))
         except OSError:
@@ -86,95 +54,244 @@ def metrics_port(preferred: int) -> int:
     return preferred
 
 
-def read_all(client: DaemonClient, urls: Sequence[str]) -> tuple[int, float]:
-    """Read every shard to the end; returns (bytes read, seconds)."""
-    started = time.perf_counter()
-    total = 0
-    for url in urls:
-        with client.open(url) as shard:
-            while chunk := shard.read(READ_CHUNK):
-                total += len(chunk)
-    return total, time.perf_counter() - started
+def open_wait_seconds(metrics_url: str | None) -> float | None:
+    """The daemon's total time spent in opens waiting for shards (None when its metrics are not reachable)."""
+    if metrics_url is None:
+        return None
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as answer:  # noqa: S310 - loopback URL we built
+            text = answer.read().decode()
+    except OSError:
+        return None
+    match = _OPEN_WAIT_SUM.search(text)
+    return float(match.group(1)) if match else None
 
 
-def _rate(count: int, seconds: float) -> str:
-    return f"{human_bytes(count / seconds)}/s" if seconds > 0 else "-"
+def _allow_prefixes(urls: Sequence[str]) -> list[str]:
+    return sorted({url.rsplit("/", 1)[0] + "/" for url in urls})
+
+
+def _default_capacity(dataset: DemoDataset) -> str:
+    return str(max(1, dataset.total_bytes * 3 // 4))
+
+
+class _Coordinator:
+    """Runs the rank processes and turns their reports and the daemon's counters into table rows."""
+
+    def __init__(self, args: argparse.Namespace, data: DemoDataset, socket: str, metrics_url: str | None):
+        self.args, self.data, self.socket, self.metrics_url = args, data, socket, metrics_url
+        self.mp = multiprocessing.get_context("spawn")  # ranks must not inherit our threads and sockets
+        self.events: Any = self.mp.Queue()
+        self.barrier: Any = self.mp.Barrier(args.ranks + 1)
+        self.processes: list[Any] = []
+
+    def start(self) -> None:
+        lance_dir = str(Path(self.args.cache_dir).resolve() / "preprocessed")
+        for rank in range(self.args.ranks):
+            cfg = RankConfig(
+                rank=rank,
+                world_size=self.args.ranks,
+                train=self.data.train,
+                val=self.data.val,
+                socket=self.socket,
+                lance_dir=lance_dir,
+                epochs=self.args.epochs,
+                workers=self.args.workers,
+                batch_size=self.args.batch_size,
+                seed=self.args.seed,
+                job=f"demo-{os.getpid()}",
+            )
+            process = self.mp.Process(
+                target=run_rank, args=(cfg, self.events, self.barrier), name=f"rank{rank}"
+            )
+            process.start()
+            self.processes.append(process)
+
+    def _next_event(self) -> tuple[Any, ...]:
+        while True:
+            with contextlib.suppress(Exception):  # queue.Empty: check the ranks are alive, then wait on
+                return tuple(self.events.get(timeout=1.0))
+            for process in self.processes:
+                if process.exitcode not in (None, 0):
+                    raise RuntimeError(f"{process.name} exited with status {process.exitcode}")
+
+    def run(self, client: DaemonClient) -> list[EpochRow]:
+        from tqdm import tqdm
+
+        rows = []
+        before, wait_before = client.stats(), open_wait_seconds(self.metrics_url)
+        for epoch in range(self.args.epochs):
+            reports: list[EpochReport] = []
+            total = self.data.samples or None
+            with tqdm(
+                total=total,
+                desc=f"epoch {epoch + 1}/{self.args.epochs}",
+                unit=" samples",
+                file=sys.stderr,
+                disable=self.args.no_progress,
+                leave=True,
+                dynamic_ncols=True,
+            ) as bar:
+                while len(reports) < self.args.ranks:
+                    event = self._next_event()
+                    if event[0] == "progress":
+                        bar.update(event[2])
+                    elif event[0] == "epoch":
+                        reports.append(event[1])
+                    else:
+                        raise RuntimeError(f"rank {event[1]} failed: {event[2]}")
+            after, wait_after = client.stats(), open_wait_seconds(self.metrics_url)
+            shard_wait = None if wait_before is None or wait_after is None else wait_after - wait_before
+            rows.append(EpochRow.of(epoch + 1, reports, before, after, shard_wait))
+            before, wait_before = after, wait_after
+            self.barrier.wait(timeout=600)
+        return rows
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.events.close()
+        self.events.join_thread()
+
+
+def _prepare(args: argparse.Namespace, workdir: Path) -> tuple[DemoDataset, S3Server | None]:
+    if not args.local_s3:
+        return describe_user_shards(args.shards, args.val_shards), None
+    shard_bytes = int(args.shard_mb * 1024 * 1024)
+    print(
+        f"starting a local S3 endpoint (moto); uploading {args.shards} training and {args.val_shards} "
+        f"validation shards of {human_bytes(shard_bytes)}",
+        file=sys.stderr,
+    )
+    server = start_s3_server(log=workdir / "s3.log")
+    try:
+        data = upload(server.endpoint, server.env, BUCKET, int(args.shards), args.val_shards, shard_bytes)
+    except BaseException:
+        server.stop()
+        raise
+    os.environ.update(server.env)  # the ranks' direct-read fallback and the daemon find the endpoint here
+    return data, server
 
 
 def run(args: argparse.Namespace, workdir: Path) -> None:
-    shard_bytes = int(args.shard_mb * 1024 * 1024)
-    print(f"starting a local S3 endpoint (moto); uploading {args.shards} × {human_bytes(shard_bytes)} shards")
-    server = start_s3_server(log=workdir / "s3.log")
+    data, server = _prepare(args, workdir)
     daemon: Daemon | None = None
+    coordinator: _Coordinator | None = None
+    cache_dir = Path(args.cache_dir)
     try:
-        urls, dataset_bytes = upload_dataset(server, args.shards, shard_bytes)
-        port = metrics_port(args.metrics_port)
-        print(f"starting shardcached: cache {args.cache_dir}/, metrics http://127.0.0.1:{port}/metrics")
-        daemon = start_daemon(
-            workdir / "shardcache.sock",
-            args.cache_dir,
-            [f"s3://{BUCKET}/"],
-            capacity=args.capacity,
-            env=server.env,
-            metrics_port=port,
-            log=workdir / "shardcached.log",
-        )
-        with DaemonClient(daemon.socket, required=True) as client:
-            for url in urls:  # a cache left by an earlier demo run would turn the first pass into hits
-                with contextlib.suppress(RemoteNotFound):
-                    client.evict(url)
-            before = client.stats()
-            passes = [read_all(client, urls) for _ in range(2)]
-            after = client.stats()
-        hits, misses = after.hits - before.hits, after.misses - before.misses
-        fetched = after.bytes_fetched - before.bytes_fetched
+        if args.socket:
+            socket, metrics_url = args.socket, args.metrics_url
+        else:
+            port = metrics_port(args.metrics_port)
+            capacity = args.capacity or _default_capacity(data)
+            shown = human_bytes(int(capacity)) if capacity.isdigit() else capacity
+            print(
+                f"starting shardcached: cache {cache_dir}/shards, capacity {shown} for a dataset of "
+                f"{human_bytes(data.total_bytes)}",
+                file=sys.stderr,
+            )
+            daemon = start_daemon(
+                workdir / "shardcache.sock",
+                cache_dir / "shards",
+                _allow_prefixes(data.urls),
+                capacity=capacity,
+                env=server.env if server else None,
+                metrics_port=port,
+                log=workdir / "shardcached.log",
+            )
+            socket, metrics_url = daemon.socket, daemon.metrics_url
+        with DaemonClient(socket, required=True) as client:
+            if server is not None:  # a cache left by an earlier demo run would turn the first epoch into hits
+                for url in data.urls:
+                    with contextlib.suppress(RemoteNotFound):
+                        client.evict(url)
+                shutil.rmtree(cache_dir / "preprocessed", ignore_errors=True)
+            coordinator = _Coordinator(args, data, socket, metrics_url)
+            coordinator.start()
+            rows = coordinator.run(client)
         print()
-        for number, (count, seconds) in enumerate(passes, 1):
-            print(f"pass {number}: read {human_bytes(count)} in {seconds:.2f}s ({_rate(count, seconds)})")
-        ratio = hits / max(1, hits + misses)
-        print(f"opens: {hits + misses}, hits: {hits}, misses: {misses}, hit ratio {ratio:.0%}")
-        print(
-            f"bytes fetched from S3: {human_bytes(fetched)} for a dataset of {human_bytes(dataset_bytes)} "
-            f"({fetched / max(1, dataset_bytes):.2f}x) read twice"
-        )
+        print(render_table(rows, data.total_bytes))
+        if metrics_url:
+            print(f"\nmetrics: {metrics_url} (Prometheus text format; see docs/metrics.md)")
     except BaseException:
-        for log in (workdir / "shardcached.log", workdir / "s3.log"):
-            if log.exists() and log.stat().st_size and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
-                tail = log.read_text(errors="replace").splitlines()[-15:]
-                print(f"--- last lines of {log.name} ---", *tail, sep="\n", file=sys.stderr)
+        if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            for log in (workdir / "shardcached.log", workdir / "s3.log"):
+                if log.exists() and log.stat().st_size:
+                    tail = log.read_text(errors="replace").splitlines()[-15:]
+                    print(f"--- last lines of {log.name} ---", *tail, sep="\n", file=sys.stderr)
         raise
     finally:
+        if coordinator is not None:
+            coordinator.stop()
         if daemon is not None:
             daemon.stop()
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="shardcache demo", description="Read a small S3 dataset twice through the daemon."
-    )
     env = os.environ
-    parser.add_argument("--shards", type=int, default=int(env.get("SHARDCACHE_DEMO_SHARDS", "8")))
-    parser.add_argument("--shard-mb", type=float, default=float(env.get("SHARDCACHE_DEMO_SHARD_MB", "16")))
+    parser = argparse.ArgumentParser(
+        prog="shardcache demo",
+        description="Train ranks with DataLoader workers on an S3 dataset through the daemon.",
+    )
+    parser.add_argument(
+        "--shards",
+        default=env.get("SHARDCACHE_DEMO_SHARDS", "24"),
+        help="training shards to generate (a number), or your shards (s3://bucket/train/{000000..000099}.tar)",
+    )
+    parser.add_argument("--val-shards", type=int, default=2, help="validation shards (cached with .cache())")
+    parser.add_argument("--shard-mb", type=float, default=float(env.get("SHARDCACHE_DEMO_SHARD_MB", "12")))
+    parser.add_argument("--no-local-s3", dest="local_s3", action="store_false", help="do not start moto")
+    parser.add_argument("--socket", help="use the shardcached already listening on this socket")
+    parser.add_argument("--metrics-url", help="with --socket: that daemon's /metrics URL")
     parser.add_argument("--cache-dir", type=Path, default=Path(".shardcache"))
-    parser.add_argument("--capacity", default="2GiB", help="the daemon's cache capacity")
+    parser.add_argument("--capacity", help="the daemon's capacity (default: 75%% of the dataset)")
     parser.add_argument("--metrics-port", type=int, default=9464)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    generated = args.shards.isdigit()
+    if args.local_s3 and not generated:
+        args.local_s3 = False  # a shard pattern means the user's own storage
+    if generated and (int(args.shards) < args.ranks * max(1, args.workers) or args.shard_mb <= 0):
+        return "--shards must be at least --ranks x --workers and --shard-mb > 0"
+    if not args.local_s3 and generated:
+        return "--no-local-s3 needs --shards with your shard URLs"
+    if args.val_shards and args.val_shards < args.ranks:
+        return "--val-shards must be 0 or at least --ranks (one validation shard per rank)"
+    if min(args.ranks, args.epochs, args.batch_size) < 1 or args.workers < 0:
+        return "--ranks, --epochs and --batch-size must be >= 1, --workers >= 0"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
-    if args.shards < 1 or args.shard_mb <= 0:
-        print("shardcache demo: --shards must be >= 1 and --shard-mb > 0", file=sys.stderr)
+    problem = _check(args)
+    if problem:
+        print(f"shardcache demo: {problem}", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="scdemo-", dir="/tmp"))  # short: Unix socket paths are limited
     try:
         run(args, workdir)
     except KeyboardInterrupt:
-        print("\ninterrupted; daemon and S3 endpoint stopped", file=sys.stderr)
+        print("\ninterrupted; ranks, daemon and S3 endpoint stopped", file=sys.stderr)
         return 130
-    except (ShardcacheError, RuntimeError, TimeoutError) as exc:
+    except (ShardcacheError, RuntimeError, TimeoutError, threading.BrokenBarrierError) as exc:
         print(f"shardcache demo failed: {exc}", file=sys.stderr)
         return 1
     finally:

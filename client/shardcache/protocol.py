@@ -111,3 +111,14 @@ class Stats(_Model):
 class ErrorBody(_Model):
     error: str
     detail: str
+
+
+class TelemetryReport(_Model):
+    """`POST /v1/telemetry`: one trainer slot's data-plane figures since its previous report."""
+
+    job: str = Field(min_length=1, max_length=256)
+    slot: int = Field(ge=0)
+    samples: int = Field(ge=0, description="samples the trainer consumed in the interval")
+    wait_seconds: float = Field(ge=0, description="seconds the trainer waited for its next item")
+    corrupt_samples: int = Field(default=0, ge=0, description="samples skipped as corrupt")
+    interval_seconds: float = Field(ge=0, description="seconds since the previous report")

@@ -1,53 +1,128 @@
-"""The demo end to end, small: S3 endpoint, daemon, every shard read twice, everything stopped after."""
+"""The trainer demo end to end, tiny: S3 endpoint, daemon, two ranks with workers, two epochs, the table."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from shardcache.devservers import free_tcp_port
+import psutil
+
+from shardcache.demo_data import samples_per_shard
+
+TINY = ("--shards", "4", "--val-shards", "2", "--shard-mb", "0.5", "--no-progress")
 
 
-def run_demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardcache.demo", "--shards", "3", "--shard-mb", "0.5", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        env={**os.environ, "SHARDCACHE_SOCKET": str(cwd / "unused.sock")},
-    )
+def demo_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shardcache.demo", *TINY, *args]
 
 
-def test_demo_reads_every_shard_twice_missing_once_and_hitting_once(tmp_path: Path) -> None:
+def demo_env(cwd: Path) -> dict[str, str]:
+    return {**os.environ, "SHARDCACHE_SOCKET": str(cwd / "unused.sock")}
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """The result table's rows by their first cell ("1", "2", "total")."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["epoch", "opens"])
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_demo_trains_two_ranks_for_two_epochs_and_prints_the_table(tmp_path: Path) -> None:
     # The preferred metrics port is taken, as a second demo or a running daemon would do: the demo moves on.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = run_demo(tmp_path, "--metrics-port", str(taken.getsockname()[1]))
+        port = str(taken.getsockname()[1])
+        result = subprocess.run(
+            demo_command("--metrics-port", port),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=demo_env(tmp_path),
+        )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "hits: 3, misses: 3" in result.stdout
-    fetched = re.search(r"bytes fetched from S3: .* \((\d+\.\d+)x\)", result.stdout)
-    assert fetched is not None and fetched.group(1) == "1.00"
-    assert (tmp_path / ".shardcache").is_dir()
+    rows = table_rows(result.stdout)
+    assert set(rows) == {"1", "2", "total"}
+    samples = 4 * samples_per_shard(int(0.5 * 1024 * 1024))
+    # header: epoch opens hit-ratio fetched(2 cells) fetched/dataset samples samples/s waits val-acc
+    assert [rows[e][6] for e in ("1", "2")] == [str(samples), str(samples)]  # every sample, every epoch
+    assert rows["1"][2] == "0%"  # a cold cache: the first epoch misses
+    assert int(rows["2"][2].rstrip("%")) > 0  # the second epoch hits what the first left in the cache
+    assert int(rows["1"][1]) == 4 + 2  # each train shard once, and each validation shard once for .cache()
+    assert int(rows["2"][1]) == 4  # validation now reads the Lance cache, not shards
+    fetched_first = float(rows["1"][5].rstrip("x"))
+    assert fetched_first >= 1.0  # the whole dataset came from S3 once
+    assert re.search(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", result.stdout)
+    assert f"127.0.0.1:{port}/" not in result.stdout
+    assert (tmp_path / ".shardcache" / "shards").is_dir() and (
+        tmp_path / ".shardcache" / "preprocessed"
+    ).is_dir()
 
 
-def test_demo_starts_from_misses_again_over_a_kept_cache(tmp_path: Path) -> None:
-    port = str(free_tcp_port())
-    assert run_demo(tmp_path, "--metrics-port", port, "--shards", "1").returncode == 0
-    result = run_demo(tmp_path, "--metrics-port", port, "--shards", "1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "hits: 1, misses: 1" in result.stdout
+def test_ctrl_c_stops_ranks_daemon_and_s3_endpoint(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*demo_command("--epochs", "50")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=demo_env(tmp_path),
+        start_new_session=True,  # a terminal's Ctrl-C signals the whole foreground process group
+    )
+    deadline = time.monotonic() + 240
+    while len(_ranks(proc.pid)) < 2:  # interrupt training, not start-up
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    assert len(_alive_in_session(proc.pid)) >= 5  # the demo, moto, shardcached, two ranks (and workers)
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    deadline = time.monotonic() + 30  # orphaned workers notice their parent is gone and exit
+    while (left := _alive_in_session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
 
 
-def test_demo_via_the_cli_rejects_bad_sizes(tmp_path: Path) -> None:
+def _alive_in_session(sid: int) -> list[psutil.Process]:
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return alive
+
+
+def _ranks(sid: int) -> list[psutil.Process]:
+    ranks = []
+    for process in _alive_in_session(sid):
+        try:
+            if "multiprocessing.spawn" in " ".join(process.cmdline()):
+                ranks.append(process)
+        except psutil.Error:
+            continue
+    return ranks
+
+
+def test_demo_via_the_cli_rejects_too_few_shards_for_the_slots(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "shardcache.cli", "demo", "--shards", "0"],
+        [sys.executable, "-m", "shardcache.cli", "demo", "--shards", "3", "--ranks", "2", "--workers", "2"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -1,0 +1,177 @@
+"""Trainer-side data-plane telemetry: how long the trainer waits for data, reported to the node daemon.
+
+A `Telemetry` watches the trainer's iterator (`for batch in telemetry.watch(loader)`): it times every
+`next()` (the time the training step sat idle waiting for data: GPU starvation), counts samples, and takes
+corrupt-sample counts from `add_corrupt`. A background thread sends the accumulated deltas to the daemon
+(`POST /v1/telemetry`) every `interval_s` seconds, so iteration never waits on the socket; when no daemon
+answers (or an older daemon lacks the route) the report is dropped silently and the next one carries only
+its own interval. The daemon exports the figures as `shardcache_client_*` metrics beside its hit ratio.
+
+Example:
+    >>> with Telemetry(job="resnet50", slot=rank) as telemetry:  # doctest: +SKIP
+    ...     for batch in telemetry.watch(loader):
+    ...         train_step(batch)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from shardcache import protocol
+from shardcache.errors import DaemonUnavailable
+from shardcache.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TELEMETRY_PATH = f"{protocol.API_PREFIX}/telemetry"
+DEFAULT_INTERVAL_S = 5.0
+# A report is small and the daemon answers it without I/O; a daemon slower than this is not waited for.
+_REQUEST_TIMEOUT_S = 2.0
+
+
+def count_items(item: Any) -> int:
+    """Samples in one item: the batch size for tensors, lists and dicts of them, else 1."""
+    if isinstance(item, dict):
+        item = next(iter(item.values()), None)
+    if isinstance(item, (list, tuple)) and item:
+        first = item[0]
+        first_shape = getattr(first, "shape", None)
+        if first_shape:
+            return int(first_shape[0])
+        return len(item)
+    shape = getattr(item, "shape", None)
+    if shape:
+        return int(shape[0])
+    return 1
+
+
+class Telemetry:
+    """Collects one trainer slot's wait time, samples and corrupt samples; reports them in the background.
+
+    Args:
+        job: The training job's name (`SHARDCACHE_JOB` when None, else "default"). The daemon keeps the
+            most recent jobs only, so a name per run is fine.
+        slot: The reader's slot (usually the rank).
+        socket: The daemon's socket (default: `SHARDCACHE_SOCKET`, else the platform default).
+        interval_s: Seconds between reports; 0 sends only on `flush()` and `close()`.
+        count: How many samples one item holds (default: `count_items`, the leading dimension of a batch).
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        slot: int = 0,
+        *,
+        socket: str | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        count: Callable[[Any], int] = count_items,
+    ) -> None:
+        if interval_s < 0:
+            raise ValueError(f"interval_s={interval_s!r}: expected seconds >= 0")
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"slot={slot!r}: expected an integer >= 0")
+        self.job = job or os.environ.get("SHARDCACHE_JOB") or "default"
+        self.slot = slot
+        self.socket = socket or os.environ.get(protocol.SOCKET_ENV) or protocol.default_socket_path()
+        self.interval_s = interval_s
+        self._count = count
+        self._lock = threading.Lock()
+        self.waited_s = 0.0  # totals since construction, for the trainer's own logs
+        self.samples = 0
+        self.corrupt = 0
+        self._sent = (0.0, 0, 0)
+        self._sent_at = time.monotonic()
+        self._transport = Transport(self.socket, _REQUEST_TIMEOUT_S)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- collecting (the trainer's thread) ------------------------------------------------------------------
+
+    def watch(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield the items of `iterable`, timing each `next()` and counting its samples."""
+        self._start()
+        iterator = iter(iterable)
+        clock = time.perf_counter
+        while True:
+            started = clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            waited = clock() - started
+            samples = self._count(item)
+            with self._lock:
+                self.waited_s += waited
+                self.samples += samples
+            yield item
+
+    def add_corrupt(self, count: int = 1) -> None:
+        """Count samples skipped as corrupt (e.g. by a tars source with `on_corrupt="skip"`)."""
+        with self._lock:
+            self.corrupt += count
+
+    # -- reporting (the background thread) ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None and self.interval_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="shardcache-telemetry", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def report(self) -> protocol.TelemetryReport | None:
+        """The figures since the last report (None when nothing happened), marking them as taken."""
+        with self._lock:
+            totals = (self.waited_s, self.samples, self.corrupt)
+        now = time.monotonic()
+        waited, samples, corrupt = (new - old for new, old in zip(totals, self._sent, strict=True))
+        if not samples and not corrupt and waited <= 0:
+            return None
+        interval, self._sent, self._sent_at = now - self._sent_at, totals, now
+        return protocol.TelemetryReport(
+            job=self.job,
+            slot=self.slot,
+            samples=int(samples),
+            wait_seconds=float(waited),
+            corrupt_samples=int(corrupt),
+            interval_seconds=interval,
+        )
+
+    def flush(self) -> bool:
+        """Send what accumulated since the last report now; False when it was dropped (no daemon)."""
+        report = self.report()
+        if report is None:
+            return True
+        try:
+            answer = self._transport.request("POST", TELEMETRY_PATH, report.model_dump())
+        except DaemonUnavailable as exc:
+            logger.debug("telemetry for job %s slot %d dropped: %s", self.job, self.slot, exc)
+            return False
+        if answer.status >= 300:
+            logger.debug(
+                "telemetry for job %s slot %d refused with status %d", self.job, self.slot, answer.status
+            )
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the reporting thread and send the last figures."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.flush()
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
