@@ -80,8 +80,8 @@ class ReplayNode(Node):
     of items it emitted since; loading re-reads from there and drops that many outputs.
 
     Exact and small (no sample data), at the cost of re-reading the upstream since the stage's start on
-    resume. Used for shuffle and for assemblers without their own state.
-    # TODO(resume, issue 6): a cheaper native state for shuffle (e.g. periodic buffer checkpoints).
+    resume (for a stage early in the pipeline, the epoch so far). Used for assemble; shuffle has a native
+    state (`shardcache.stages.shuffle`).
     """
 
     def __init__(self, up: Node) -> None:

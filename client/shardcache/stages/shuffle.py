@@ -1,14 +1,31 @@
-"""`.shuffle(buffer_size, initial=None)`: a bounded-memory shuffle, deterministic per slot and epoch."""
+"""`.shuffle(buffer_size, initial=None)`: a bounded-memory shuffle, deterministic per slot and epoch.
+
+Resume state (small, no sample data): the number of inputs taken `t` and outputs emitted `e`, plus one
+upstream state saved at a checkpoint at or before the oldest input still in the buffer. Because the
+shuffle is a deterministic function of (seed, t, e), resuming first replays it over input *indices* only
+(t list operations and e RNG draws, no I/O and no decoding) to learn which inputs the buffer holds and in
+which order, then re-reads the upstream from the checkpoint to input t, keeping exactly those inputs.
+
+Cost model of a resume: O(t) integer steps (about a second per million inputs in CPython), plus re-reading
+the upstream from the checkpoint: the oldest buffered input is typically about `buffer_size · ln(buffer_size)`
+inputs back (an input survives each draw with probability 1 - 1/buffer_size), plus at most `CHECKPOINT_EVERY`
+more. Iteration keeps the upstream states of the checkpoints since the oldest buffered input (one small dict
+per `CHECKPOINT_EVERY` inputs).
+"""
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
-from shardcache.stages.base import Node, ReplayNode
+from shardcache.errors import StateError
+from shardcache.stages.base import Node, State, field
+
+CHECKPOINT_EVERY = 64  # a power of two: the hot loop tests `taken & (CHECKPOINT_EVERY - 1)`
 
 
 @dataclass(frozen=True)
@@ -33,21 +50,93 @@ class ShuffleStage:
         return f"shuffle({self.buffer_size},{self.initial},{self.seed})"
 
 
-class ShuffleNode(ReplayNode):
+class ShuffleNode(Node):
     def __init__(self, up: Node, buffer_size: int, initial: int | None, rng_seed: str) -> None:
-        super().__init__(up)
+        super().__init__()
+        self.up = up
         self.buffer_size = buffer_size
         self.initial = buffer_size if initial is None else max(1, min(initial, buffer_size))
         self.rng_seed = rng_seed
+        self._buf: list[Any] = []
+        self._emitted = 0
+        self._pending: State | None = None
+        # (input index, upstream state before that input), oldest first; the first is at or before the
+        # oldest input in the buffer.
+        self._marks: deque[tuple[int, State]] = deque()
 
-    def produce(self, items: Iterator[Any]) -> Iterator[Any]:
+    def _simulate(self, taken: int, emitted: int) -> tuple[random.Random, list[int], bool]:
+        """The RNG and the buffer (as input indices) after `taken` inputs and `emitted` outputs."""
         rng = random.Random(self.rng_seed)
         randrange = rng.randrange
-        buf: list[Any] = []
         size, initial = self.buffer_size, self.initial
+        buf: list[int] = []
         grow = False
-        for item in items:
+        out = 0
+        for i in range(taken):
+            buf.append(i)
+            n = len(buf)
+            if n < initial:
+                continue
+            if n < size:
+                grow = not grow
+                if grow:
+                    continue
+            j = randrange(n)
+            buf[j], buf[-1] = buf[-1], buf[j]
+            buf.pop()
+            out += 1
+        if out > emitted:
+            raise StateError(f"shuffle resume state is inconsistent ({emitted} outputs after {taken} inputs)")
+        for _ in range(emitted - out):  # the state was taken while draining after the upstream ended
+            if not buf:
+                raise StateError(f"shuffle resume state emits {emitted} of only {taken} inputs")
+            j = randrange(len(buf))
+            buf[j], buf[-1] = buf[-1], buf[j]
+            buf.pop()
+        return rng, buf, grow
+
+    def gen(self) -> Iterator[Any]:
+        up, marks = self.up, self._marks
+        size, initial, mask = self.buffer_size, self.initial, CHECKPOINT_EVERY - 1
+        buf: list[Any] = []
+        idx: list[int] = []  # the input index of each buffered item, swapped along with it
+        if self._pending is None:
+            rng, grow, taken, emitted = random.Random(self.rng_seed), False, 0, 0
+            it = up.iterator()
+        else:
+            state, self._pending = self._pending, None
+            taken, emitted, at = state["taken"], state["emitted"], state["at"]
+            rng, idx, grow = self._simulate(taken, emitted)
+            it = up.iterator()
+            wanted = set(idx)
+            found: dict[int, Any] = {}
+            for i in range(at, taken):
+                if not i & mask:
+                    marks.append((i, up.state_dict()))
+                try:
+                    item = next(it)
+                except StopIteration:
+                    raise StateError(
+                        f"shuffle resume: the upstream ended after {i} inputs, the state says {taken}; "
+                        "it was taken from other data"
+                    ) from None
+                if i in wanted:
+                    found[i] = item
+            buf = [found[i] for i in idx]
+        # state_dict() reads these: inputs taken = emitted + len(buffer) at every yield.
+        self._buf, self._emitted = buf, emitted
+        oldest = min(idx) if idx else taken
+        randrange = rng.randrange
+        while True:
+            if not taken & mask:
+                marks.append((taken, up.state_dict()))
+            try:
+                item = next(it)
+            except StopIteration:
+                break
             buf.append(item)
+            idx.append(taken)
+            taken += 1
             n = len(buf)
             if n < initial:
                 continue
@@ -58,8 +147,50 @@ class ShuffleNode(ReplayNode):
                     continue
             j = randrange(n)
             buf[j], buf[-1] = buf[-1], buf[j]
-            yield buf.pop()
+            idx[j], idx[-1] = idx[-1], idx[j]
+            out = buf.pop()
+            if idx.pop() == oldest:
+                oldest = self._advance_oldest(idx, taken)
+            emitted += 1
+            self._emitted = emitted
+            yield out
         while buf:
             j = randrange(len(buf))
             buf[j], buf[-1] = buf[-1], buf[j]
-            yield buf.pop()
+            idx[j], idx[-1] = idx[-1], idx[j]
+            out = buf.pop()
+            if idx.pop() == oldest:
+                oldest = self._advance_oldest(idx, taken)
+            emitted += 1
+            self._emitted = emitted
+            yield out
+
+    def _advance_oldest(self, idx: list[int], taken: int) -> int:
+        # The oldest input left the buffer (probability 1/n per draw, so O(1) amortised): drop the
+        # checkpoints no resume can need any more.
+        oldest = min(idx) if idx else taken
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= oldest:
+            marks.popleft()
+        return oldest
+
+    def state_dict(self) -> State:
+        if self._pending is not None:
+            return self._pending
+        if not self._marks:
+            return {"up": self.up.state_dict(), "at": 0, "taken": 0, "emitted": 0}
+        at, up = self._marks[0]
+        return {"up": up, "at": at, "taken": self._emitted + len(self._buf), "emitted": self._emitted}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        up = field(state, "up", dict)
+        values = [field(state, name, int) for name in ("at", "taken", "emitted")]
+        if any(v < 0 for v in values) or values[0] > values[1]:
+            raise StateError(f"shuffle resume state has bad positions {values}; it was not taken here")
+        self.up.load_state_dict(up)
+        self._pending = state
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()
