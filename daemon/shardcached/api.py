@@ -24,10 +24,12 @@ from shardcache.protocol import (
     ShardInfo,
     ShardList,
     Stats,
+    TelemetryReport,
 )
 from shardcached import __version__
 from shardcached.errors import NotFound
 from shardcached.service import ShardService
+from shardcached.telemetry import ClientTelemetry
 
 _JSON = "application/json"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -51,6 +53,12 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     router = APIRouter(prefix="/v1")
     planner = service.planner
     store = service.store
+    telemetry = ClientTelemetry(service.metrics.registry)
+
+    @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT)
+    async def report_telemetry(body: TelemetryReport) -> Response:
+        telemetry.record(body)
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.get("/health")
     async def health() -> Health:
