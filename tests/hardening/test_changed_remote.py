@@ -34,9 +34,14 @@ def test_a_changed_object_is_fetched_again_when_revalidation_is_due(
         old = http.post("/v1/shards/open", json={"url": url}).json()
         new_bytes = overwrite(s3_client, shards.bucket, shards.names[0], tmp_path)
         new = http.post("/v1/shards/open", json={"url": url}).json()
+        assert Path(old["path"]).exists(), "the stale copy went away under its reader's lease"
+        http.post("/v1/shards/release", json={"lease": old["lease"]})
+        listed = http.get("/v1/shards").json()["shards"]
     assert new["hit"] is False
     assert new["path"] != old["path"]
     assert Path(new["path"]).read_bytes() == new_bytes
+    assert [(s["url"], s["size"]) for s in listed] == [(url, len(new_bytes))]
+    assert not Path(old["path"]).exists(), "the stale copy outlived its last lease"
     assert list(published_shards(daemon.cache_dir).values()) == [Path(new["path"])]
 
 

@@ -84,6 +84,11 @@ def test_two_epochs_through_faults_yield_the_clean_runs_samples(make_bucket, dae
     assert metric(daemon, "shardcache_fetch_errors_total", 'kind="transient"') > 0
     assert sum(proxy.counters.faults.values()) >= failing - proxy.pending()
     assert daemon.process.poll() is None
+    transient = metric(daemon, "shardcache_fetch_errors_total", 'kind="transient"')
+    print(
+        f"\nflaky remote: {len(clean)} samples identical to the clean run; faults injected "
+        f"{dict(proxy.counters.faults)}; shardcache_fetch_errors_total{{kind=transient}} {transient:.0f}"
+    )
 
 
 @pytest.mark.timeout(60)
