@@ -149,7 +149,9 @@ class Dataset:
                 daemon), a socket path, or a DaemonClient.
             **options: The kind's arguments: `resample`; tars `sidecars`, `on_corrupt` ("raise"|"skip");
                 jsonl `ref_fields`; parquet `columns`, `batch_size`, `use_threads`; lance `columns`,
-                `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan").
+                `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan"). Every kind also takes the
+                planning hints `job` (the daemon job id) and `plan_following` ((epoch, urls) groups read
+                after this dataset); `mini_epochs` sets both, and neither changes the data or fingerprint.
 
         Raises:
             ConfigError: an unknown kind or argument, or a bad value; the message names it.

@@ -84,7 +84,9 @@ class TorchLoader:
         collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
             `default_collate` for batches and `default_convert` for single samples, as in DataLoader.
         **loader_kwargs: Any other DataLoader argument (pin_memory, prefetch_factor, persistent_workers,
-            multiprocessing_context, drop_last for worker-side batches, ...).
+            multiprocessing_context, drop_last for worker-side batches, ...). Lance is not fork-safe:
+            when workers read lance data (a lance source or a `.cache()`) in a process that already
+            imported lance, pass multiprocessing_context="forkserver" or "spawn" (the pipeline pickles).
 
     Example:
         >>> loader = (TorchLoader(ds, num_workers=8, batch_size=32, collate_fn=lambda x: x)  # doctest: +SKIP
