@@ -74,8 +74,9 @@ class TorchLoader:
     built the same way (same dataset, stages, batch size and num_workers; same ranks), and the next
     iteration yields exactly what the uninterrupted one would have yielded next. The main process merges
     the workers in a fixed rotation (see `shardcache.loader_stream`), so the order of items does not
-    depend on worker timing. Loader-side shuffle and assemble resume by replay from their start (see
-    `shardcache.stages.base.ReplayNode`), which re-reads the workers' streams since the epoch start.
+    depend on worker timing. A resume restarts the workers at their saved positions; loader-side shuffle
+    and assemble restart them a little earlier and re-read up to their checkpoint (see their modules: an
+    assembler without its own state re-reads from the epoch start).
 
     Args:
         dataset: The pipeline each worker iterates (its slot comes from rank and worker id).

@@ -1,4 +1,16 @@
-"""`.assemble(factory, drop_last=False)`: many-to-many stream assembly (packing), one assembler per slot."""
+"""`.assemble(factory, drop_last=False)`: many-to-many stream assembly (packing), one assembler per slot.
+
+Resume state: a checkpoint (the upstream position, and the assembler's own state or None for a fresh
+assembler) plus the number of outputs emitted since it; resuming restores the checkpoint, pushes the
+upstream from there and drops that many outputs.
+
+- An assembler without `state_dict()`/`load_state_dict()` is checkpointed only where the stage starts, so a
+  resume re-reads the upstream since then (for an early stage, the epoch so far): exact, and the state holds
+  no sample data.
+- An assembler with them is checkpointed every `CHECKPOINT_EVERY` inputs, so a resume re-reads at most that
+  many. The state then carries the assembler's state as it returns it, which for a packer is typically its
+  pending inputs: sample data the assembler cannot do without, so keep it JSON-serialisable and small.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +19,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from shardcache.context import RuntimeContext
-from shardcache.stages.base import Node, ReplayNode
+from shardcache.errors import StateError
+from shardcache.stages.base import Node, State, field
+
+CHECKPOINT_EVERY = 64
 
 
 class Assembler(Protocol):
@@ -34,20 +49,74 @@ class AssembleStage:
         return f"assemble({callable_name(self.factory)},{self.drop_last})"
 
 
-class AssembleNode(ReplayNode):
-    # TODO(resume, issue 6): assemblers with their own state_dict()/load_state_dict() could resume natively
-    # (upstream position + assembler state + outputs already emitted from the last push) instead of by replay.
+def _stateful(assembler: Any) -> bool:
+    return callable(getattr(assembler, "state_dict", None)) and callable(
+        getattr(assembler, "load_state_dict", None)
+    )
+
+
+class AssembleNode(Node):
     def __init__(
         self, up: Node, factory: Callable[[RuntimeContext], Assembler], drop_last: bool, ctx: RuntimeContext
     ) -> None:
-        super().__init__(up)
+        super().__init__()
+        self.up = up
         self.factory = factory
         self.drop_last = drop_last
         self.ctx = ctx
+        self._mark: tuple[State, Any] | None = None  # (upstream state, assembler state or None)
+        self._loaded: Any = None
+        self._emitted = 0
 
-    def produce(self, items: Iterator[Any]) -> Iterator[Any]:
-        assembler = self.factory(self.ctx)
+    def gen(self) -> Iterator[Any]:
+        up = self.up
+        assembler: Any = self.factory(self.ctx)
+        stateful = _stateful(assembler)
+        if self._loaded is not None:
+            if not stateful:
+                raise StateError(
+                    "resume state holds an assembler state but this assembler has no load_state_dict(); "
+                    "it was taken with another assembler"
+                )
+            assembler.load_state_dict(self._loaded)
+        self._mark = (up.state_dict(), self._loaded)
+        it = up.iterator()
         push = assembler.push
-        for item in items:
-            yield from push(item)
-        yield from assembler.finish(drop_last=self.drop_last)
+        skip, emitted, pushes = self._emitted, 0, 0
+        while True:
+            if stateful and pushes >= CHECKPOINT_EVERY and emitted >= skip:
+                self._mark = (up.state_dict(), assembler.state_dict())
+                skip = emitted = pushes = self._emitted = 0
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            pushes += 1
+            for out in push(item):
+                emitted += 1
+                if emitted > skip:
+                    self._emitted = emitted
+                    yield out
+        for out in assembler.finish(drop_last=self.drop_last):
+            emitted += 1
+            if emitted > skip:
+                self._emitted = emitted
+                yield out
+
+    def state_dict(self) -> State:
+        if self._mark is None:
+            return {"up": self.up.state_dict(), "assembler": self._loaded, "emitted": self._emitted}
+        up, assembler = self._mark
+        return {"up": up, "assembler": assembler, "emitted": self._emitted}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        self.up.load_state_dict(field(state, "up", dict))
+        self._emitted = field(state, "emitted", int)
+        if "assembler" not in state:
+            raise StateError("resume state is missing 'assembler'; it was not taken from this pipeline")
+        self._loaded = state["assembler"]
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()

@@ -75,50 +75,6 @@ class StatelessNode(Node):
         self.up.close()
 
 
-class ReplayNode(Node):
-    """A stage resumed by replay: the state is the upstream position where this stage started plus the number
-    of items it emitted since; loading re-reads from there and drops that many outputs.
-
-    Exact and small (no sample data), at the cost of re-reading the upstream since the stage's start on
-    resume (for a stage early in the pipeline, the epoch so far). Used for assemble; shuffle has a native
-    state (`shardcache.stages.shuffle`).
-    """
-
-    def __init__(self, up: Node) -> None:
-        super().__init__()
-        self.up = up
-        self._start: State | None = None
-        self._emitted = 0
-        self._skip = 0
-
-    def produce(self, items: Iterator[Any]) -> Iterator[Any]:
-        """The stage's outputs for the upstream `items`; subclasses implement it."""
-        raise NotImplementedError
-
-    def gen(self) -> Iterator[Any]:
-        self._start = self.up.state_dict()
-        emitted = 0
-        skip = self._skip
-        for item in self.produce(self.up.iterator()):
-            emitted += 1
-            self._emitted = emitted
-            if emitted > skip:
-                yield item
-
-    def state_dict(self) -> State:
-        start = self._start if self._start is not None else self.up.state_dict()
-        return {"up": start, "emitted": self._emitted}
-
-    def load_state_dict(self, state: State) -> None:
-        self._check_not_started()
-        self.up.load_state_dict(_field(state, "up", dict))
-        self._skip = self._emitted = _field(state, "emitted", int)
-
-    def close(self) -> None:
-        super().close()
-        self.up.close()
-
-
 def _field(state: State, name: str, kind: type) -> Any:
     if not isinstance(state, dict) or not isinstance(state.get(name), kind):
         raise StateError(
