@@ -128,3 +128,31 @@ def test_a_manifest_checksum_mismatch_is_rejected_on_download_and_nothing_is_pub
     assert wrong.status_code == 502
     assert wrong.json()["error"] == "checksum_mismatch" and url in wrong.json()["detail"]
     assert published_shards(daemon.cache_dir) == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Store.recover indexes every .meta.json it finds, so after a crash that left a stale version "
+    "(evicted as 'stale' but kept for a lease) beside the new one, both are inserted under one URL: "
+    "resident_bytes counts the stale bytes forever and its files are never removed. Fix: in recover, keep "
+    "one entry per URL (the newest meta by mtime) and unlink the others' data and meta",
+)
+def test_a_restart_after_a_crash_keeps_only_the_newest_version_of_a_changed_object(
+    make_bucket, daemon_factory, s3_client, tmp_path
+):
+    shards = make_bucket(count=1, samples=4)
+    url = shards.s3_urls[0]
+    cache = tmp_path / "crashed"
+    args = ["--revalidate-after-s", "0.001"]
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], cache_dir=cache, extra_args=args)
+    with api(daemon) as http:
+        old = http.post("/v1/shards/open", json={"url": url}).json()  # leased: the stale copy must live on
+        new_bytes = overwrite(s3_client, shards.bucket, shards.names[0], tmp_path)
+        new = http.post("/v1/shards/open", json={"url": url}).json()
+    daemon.kill()
+    again = daemon_factory(allow=[f"s3://{shards.bucket}"], cache_dir=cache, extra_args=args)
+    with api(again) as http:
+        stats = http.get("/v1/stats").json()
+    assert stats["used"] == len(new_bytes)
+    assert not Path(old["path"]).exists()
+    assert Path(new["path"]).read_bytes() == new_bytes
