@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,9 @@ class PipelineIterator:
         self.context = ctx
         self.fingerprint = fingerprint
         self._next = node.__next__
+        # Node generators reference their nodes (a cycle the garbage collector would free at some later
+        # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
+        self._finalizer = weakref.finalize(self, node.close)
 
     def __iter__(self) -> PipelineIterator:
         return self
@@ -108,7 +112,7 @@ class PipelineIterator:
 
     def close(self) -> None:
         """Close open shards and delete this slot's daemon plans."""
-        self.node.close()
+        self._finalizer()
 
 
 class Dataset:

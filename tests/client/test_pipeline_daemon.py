@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from pipeline_support import keys
+from pipeline_support import keys, make_tars
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
@@ -43,3 +45,16 @@ def test_required_daemon_that_is_absent_is_an_error(local_shards, short_tmp) -> 
     )
     with pytest.raises(DaemonUnavailable):
         list(ds)
+
+
+def test_an_iterator_dropped_unfinished_deletes_its_plans_at_once(tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    shards = make_tars(tmp_path / "tars", 4, 3)
+    daemon = daemon_factory(allow=[str(tmp_path / "tars")])
+    client = DaemonClient(str(daemon.socket), required=True)
+    ds = Dataset.from_source("tars", shards, daemon=client, context=RuntimeContext())
+    it = iter(ds)
+    next(it)
+    assert client.stats().plans == 2  # this epoch's and the next
+    del it
+    ds = Dataset.from_source("tars", shards, daemon=None)  # drops the last reference to the iterator
+    assert client.stats().plans == 0  # without waiting for the cyclic garbage collector
