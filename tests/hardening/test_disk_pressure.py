@@ -15,11 +15,11 @@ from conftest import IN_CI
 from .support import api, assert_cache_intact
 
 ENOSPC_BUG = (
-    "the daemon counts only --capacity, never the filesystem's free space: a download that hits ENOSPC is "
-    "treated as a transient remote error (fetcher._with_retries' generic `except Exception`), retried and "
-    "answered 502 remote_failed, without evicting. Fix: in ShardService._make_room also require "
-    "size <= statvfs(cache_dir).f_bavail*f_frsize (+ bytes it may evict), evicting until it holds, and map "
-    "OSError(ENOSPC) in the download to InsufficientCapacity (507) after evicting, not to a retry"
+    "the daemon counts only --capacity, never the filesystem's free space: since a971a67 a download that "
+    "hits ENOSPC answers 507 cache_disk_full (no longer a retried 502), but nothing is evicted to make room, "
+    "so a cache whose --capacity exceeds the disk refuses shards while evictable ones fill it. Fix: in "
+    "ShardService._make_room also require size <= statvfs(cache_dir).f_bavail * f_frsize, evicting (the "
+    "planner's victims) until it holds, and only then answer 507"
 )
 
 
@@ -69,7 +69,6 @@ def test_opens_beyond_the_real_free_space_evict_instead_of_failing(small_fs, dae
         assert http.get("/v1/stats").json()["evictions"] >= 3
 
 
-@pytest.mark.xfail(strict=True, reason=ENOSPC_BUG)
 @pytest.mark.timeout(90)
 def test_a_full_filesystem_with_every_shard_leased_answers_507(small_fs, daemon_factory, make_bucket):
     shards = one_mib_shards(make_bucket)
