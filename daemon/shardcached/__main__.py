@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -108,11 +110,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from shardcached.server import serve
 
+    # A development knob for the benchmarks, not a setting: cProfile the whole daemon, stats dumped at exit.
+    profile_path = os.environ.get("SHARDCACHED_PROFILE")
+    profiler = cProfile.Profile() if profile_path else None
     try:
+        if profiler is not None:
+            profiler.enable()
         return uvloop.run(serve(settings))
     except (RuntimeError, OSError, ValueError) as exc:
         logging.getLogger("shardcached").error("%s", exc)
         return 1
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
 
 
 if __name__ == "__main__":

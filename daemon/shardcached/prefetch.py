@@ -4,23 +4,46 @@ The prefetcher wakes whenever plans, opens, releases or fetch completions change
 planner for the nearest-needed shards that are neither resident nor in flight, bounded by the free fetch
 slots (`--max-fetches` minus downloads in flight), and starts them as prefetches: a prefetch only takes
 free space or evicts what the planner says is needed later (else it waits for the next change).
+
+The scheduler runs at most once per `MIN_GAP_S` and spends at most ~1/`DUTY` of the CPU: ranking the
+prefetch windows costs up to ~1 ms with a hundred plans, and running it after every open would double the
+cost of a hit. Opens that arrive in between coalesce into the next run. Warming is a prefetch too: it may
+not evict planned shards to bring in shards no plan asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardcached.errors import DaemonError
 
 if TYPE_CHECKING:
+    from shardcached.planner import Planner
     from shardcached.service import ShardService
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 30.0  # a prefetch that failed (missing object, remote down) is not retried sooner
+MIN_GAP_S = 0.002  # at most one scheduler run per this many seconds
+DUTY = 10  # the pause after a run is at least DUTY times its duration
+
+
+def prefetch_victim(planner: Planner, candidates: list[str], url: str, *, warm: bool) -> str | None:
+    """What a prefetch (or warm) of `url` may evict: a shard needed later than `url`, or None to wait.
+
+    Warming may also take a shard that no plan needs (least recent first), never a planned one: it used to
+    evict as a demand open does, so warming unplanned URLs pushed out shards the trainers were about to read.
+    """
+    victim = planner.choose_victim(candidates, url)
+    if victim is None and warm:
+        fallback = planner.choose_victim(candidates, None)
+        if fallback is not None and planner.next_use_at(fallback) is None:
+            return fallback
+    return victim
 
 
 class NoRoom(Exception):
@@ -35,6 +58,8 @@ class Prefetcher:
         self._clock = clock
         self._wake = asyncio.Event()
         self._failed: dict[str, float] = {}
+        self._not_before = 0.0  # perf_counter time before which the scheduler does not run again
+        self.runs = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -57,16 +82,28 @@ class Prefetcher:
         service = self._service
         while not service.closing:
             await self._wake.wait()
+            pause = self._not_before - time.perf_counter()
+            if pause > 0:
+                await asyncio.sleep(pause)  # rate limit: wake-ups meanwhile coalesce into this run
             self._wake.clear()
             if service.closing:
                 return
-            slots = service.max_fetches - service.inflight
-            if slots > 0:
-                for url in service.planner.prefetch_candidates(self._skip, slots):
-                    service.start_fetch(url, None, None, demand=False)
+            started = time.perf_counter()
+            self.schedule()
+            ended = time.perf_counter()
+            self._not_before = ended + max(MIN_GAP_S, DUTY * (ended - started))
+
+    def schedule(self) -> None:
+        """Start prefetches of the nearest-needed shards into the free fetch slots."""
+        service = self._service
+        self.runs += 1
+        slots = service.max_fetches - service.inflight
+        if slots > 0:
+            for url in service.planner.prefetch_candidates(self._skip, slots):
+                service.start_fetch(url, None, None, demand=False)
 
     async def warm(self, urls: list[str]) -> None:
-        """Fetch `urls`, at most `max_fetches` at a time, evicting as a demand open would."""
+        """Fetch `urls`, at most `max_fetches` at a time, evicting only shards no plan needs sooner."""
         service = self._service
         gate = asyncio.Semaphore(service.max_fetches)
 
@@ -75,13 +112,13 @@ class Prefetcher:
                 if service.closing or url in service.store.by_url:
                     return
                 future = service.inflight_future(url) or service.start_fetch(
-                    url, None, None, demand=True, warm=True
+                    url, None, None, demand=False, warm=True
                 )
                 try:
                     await asyncio.shield(future)
                 except DaemonError as exc:
                     logger.warning("warming %s failed: %s", url, exc.detail)
                 except NoRoom:
-                    pass
+                    logger.info("not warming %s: no room without evicting shards the plans need", url)
 
         await asyncio.gather(*(one(url) for url in urls))

@@ -23,7 +23,7 @@ from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
-from shardcached.prefetch import NoRoom, Prefetcher
+from shardcached.prefetch import NoRoom, Prefetcher, prefetch_victim
 from shardcached.store import Entry, Store
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class ShardService:
         self.revalidate_after_s = revalidate_after_s
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[Entry]] = {}
+        self._awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
         self._infos: dict[str, tuple[float, RemoteInfo]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
@@ -72,6 +73,8 @@ class ShardService:
     def start(self) -> None:
         """Start the prefetcher and the housekeeping loop (call from the running loop)."""
         self._loops = [self.spawn(self.prefetcher.run()), self.spawn(self._housekeeping_loop())]
+        # Remote clients are slow to set up (seconds for S3); do it now, off the loop, not on the first open.
+        self._pool.submit(self.fetcher.warm_up, list(self.allow.prefixes))
 
     async def stop(self, deadline_s: float = 20.0) -> None:
         """Stop fetching: downloads notice the cancel flag within one chunk and remove their temp files."""
@@ -132,8 +135,12 @@ class ShardService:
         """Make the shard local, lease it and say where it is (the API's `POST /v1/shards/open`)."""
         started = time.perf_counter()
         canonical = self.allow.check(url)
-        entry, result = await self._acquire(canonical, size, checksum)
+        # Recorded on arrival, not once the shard is local: while this open waits on a miss, its plan's
+        # cursor must already be past the shard so the prefetch window moves on to what comes next.
         self.planner.record_open(canonical, plan)
+        if plan is not None:
+            self.prefetcher.wake()  # a hit outside any plan changes no prefetch window
+        entry, result = await self._acquire(canonical, size, checksum)
         lease = self.store.lease(entry)
         self._note_use(entry, result, "path", entry.size)
         self.metrics.open_wait.observe(time.perf_counter() - started)
@@ -144,8 +151,8 @@ class ShardService:
     async def lease_for_stream(self, url: str) -> tuple[Entry, str]:
         """Make the shard local and lease it while its bytes are streamed (`GET /v1/shards/data`)."""
         canonical = self.allow.check(url)
-        entry, result = await self._acquire(canonical, None, None)
         self.planner.record_open(canonical, None)
+        entry, result = await self._acquire(canonical, None, None)
         lease = self.store.lease(entry)
         self._note_use(entry, result, None, 0)
         return entry, lease
@@ -162,7 +169,6 @@ class ShardService:
             self.metrics.prefetched.labels("used").inc()
         entry.used = True
         entry.last_use = time.time()
-        self.prefetcher.wake()
 
     def count_served(self, mode: str, nbytes: int) -> None:
         self.bytes_served += nbytes
@@ -182,10 +188,16 @@ class ShardService:
             else:
                 result = "miss"
                 future = self.start_fetch(url, size, checksum, demand=True)
+            # The open was recorded on arrival, so no plan protects this shard any more: until it is
+            # leased, `_make_room` must not pick it (another fetch may finish in between).
+            self._awaited[url] = self._awaited.get(url, 0) + 1
             try:
                 entry = await asyncio.shield(future)
             except NoRoom:
                 continue  # we joined a prefetch that gave up; fetch on demand
+            finally:
+                if (left := self._awaited.pop(url) - 1) > 0:
+                    self._awaited[url] = left
             # The fetch may have finished a while ago; make sure it is still resident before leasing.
             if self.store.by_url.get(url) is entry:
                 return entry, result
@@ -254,7 +266,7 @@ class ShardService:
             return revived
         if current is not None:
             self._evict(url, "stale")
-        await self._make_room(info.size, url, demand=demand)
+        await self._make_room(info.size, url, demand=demand, warm=warm)
         entry = Entry(
             key=key,
             url=url,
@@ -295,8 +307,11 @@ class ShardService:
         return info
 
     # -- space ------------------------------------------------------------------------------------------
-    async def _make_room(self, size: int, url: str, *, demand: bool) -> None:
+    async def _make_room(self, size: int, url: str, *, demand: bool, warm: bool = False) -> None:
         """Evict until `size` more bytes fit, then reserve them.
+
+        A demand fetch evicts what the planner chooses; a prefetch only what is needed later than `url`;
+        warming (`POST /v1/prefetch`) a prefetch's victims or else shards in no plan, never a planned one.
 
         Raises:
             InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
@@ -311,8 +326,14 @@ class ShardService:
         deadline = self._clock() + self.evict_wait_s
         while not store.fits(size):
             candidates = store.evictable()
+            if self._awaited:
+                candidates = [c for c in candidates if c not in self._awaited]
             if candidates:
-                victim = self.planner.choose_victim(candidates, None if demand else url)
+                victim = (
+                    self.planner.choose_victim(candidates, None)
+                    if demand
+                    else prefetch_victim(self.planner, candidates, url, warm=warm)
+                )
                 if victim is None:
                     raise NoRoom(url)
                 self._evict(victim, "capacity" if demand else "prefetch")

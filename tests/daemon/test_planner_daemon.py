@@ -77,6 +77,7 @@ def test_next_use_reaches_into_the_next_epochs_plan(make_bucket, daemon_factory)
     a, b, c = shards.s3_urls
     daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], extra_args=["--prefetch-depth", "0"])
     with api(daemon) as http:
+        open_and_release(http, a)  # fetched first: the open under the plan is a quick hit
         now = http.post("/v1/plans", json={"job": "j", "slot": 0, "epoch": 0, "urls": [a, b]}).json()["plan"]
         http.post("/v1/plans", json={"job": "j", "slot": 0, "epoch": 1, "urls": [c, a]}).raise_for_status()
         open_and_release(http, a, now)
