@@ -72,9 +72,19 @@ class _Closed(Exception):
     """The daemon closed the connection before a whole answer arrived."""
 
 
-def encode_request(method: str, path: str, payload: bytes | None) -> bytes:
-    """One HTTP/1.1 request as bytes (`path` is already percent-encoded ASCII)."""
+RELEASE_HEADER = "Shardcache-Release"
+# At most this many leases wait for the next request; more go out in a release request of their own.
+MAX_HELD_RELEASES = 16
+
+
+def encode_request(method: str, path: str, payload: bytes | None, releases: list[str] | None = None) -> bytes:
+    """One HTTP/1.1 request as bytes (`path` is already percent-encoded ASCII).
+
+    `releases`: leases the daemon ends before serving the request (the `Shardcache-Release` header).
+    """
     head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
+    if releases:
+        head += f"{RELEASE_HEADER}: {','.join(releases)}\r\n"
     if payload is None:
         return f"{head}\r\n".encode("ascii")
     head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
@@ -184,19 +194,23 @@ class Transport:
         timeout: seconds a request may take (an open that misses waits for the download).
     """
 
-    def __init__(self, socket_path: str, timeout: float) -> None:
+    def __init__(self, socket_path: str, timeout: float, release_path: str = "/v1/shards/release") -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self.release_path = release_path
         self._pid = os.getpid()
         self._local = threading.local()
 
-    def _connection(self) -> _Connection:
-        """This thread's connection, connecting when there is none."""
+    def _connection_state(self) -> None:
         if os.getpid() != self._pid:
-            # Forked child: the inherited sockets belong to the parent. Drop them unread and unclosed
-            # (closing is harmless, but reading or writing would steal or corrupt the parent's answers).
+            # Forked child: the inherited sockets (and held leases) belong to the parent. Drop them unread
+            # and unclosed (reading or writing would steal or corrupt the parent's answers).
             self._pid = os.getpid()
             self._local = threading.local()
+
+    def _connection(self) -> _Connection:
+        """This thread's connection, connecting when there is none."""
+        self._connection_state()
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
@@ -217,7 +231,8 @@ class Transport:
         Raises:
             DaemonUnavailable: the socket is missing, refuses, times out, or the connection broke twice.
         """
-        data = encode_request(method, path, None if body is None else json.dumps(body).encode())
+        payload = None if body is None else json.dumps(body).encode()
+        data = encode_request(method, path, payload, self._take_releases())
         for attempt in (0, 1):
             conn = self._connection()
             reused = conn.reused or conn.unanswered > 0
@@ -242,6 +257,36 @@ class Transport:
                 self._drop(conn)
             return Response(status, payload)
         raise AssertionError("unreachable")
+
+    def hold_release(self, lease: str) -> None:
+        """End `lease` with this thread's next request (its `Shardcache-Release` header).
+
+        Saves the daemon a request when shards are opened in a tight loop. Held leases are also sent when
+        there are `MAX_HELD_RELEASES` of them and by `close`; if the process dies first, they expire on
+        the daemon.
+        """
+        held = self._held()
+        held.append(lease)
+        if len(held) >= MAX_HELD_RELEASES:
+            self.flush_releases()
+
+    def flush_releases(self) -> None:
+        """Send the held leases now, as deferred release requests."""
+        for lease in self._take_releases():
+            self.send_deferred("POST", self.release_path, {"lease": lease})
+
+    def _held(self) -> list[str]:
+        self._connection_state()
+        held: list[str] | None = getattr(self._local, "releases", None)
+        if held is None:
+            held = self._local.releases = []
+        return held
+
+    def _take_releases(self) -> list[str]:
+        held = self._held()
+        taken = held[:]
+        held.clear()
+        return taken
 
     def send_deferred(self, method: str, path: str, body: Any) -> None:
         """Send a request whose answer nobody waits for; it is read during this thread's next request.
@@ -296,6 +341,7 @@ class Transport:
         """
         if os.getpid() != self._pid:
             return
+        self.flush_releases()
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             return

@@ -4,6 +4,10 @@ FastAPI's routing, dependency resolution and response validation cost more CPU p
 itself (a dict lookup and a lease); with 16 client processes on 2 cores that CPU is the open latency. This
 middleware answers `POST /v1/shards/open` and `POST /v1/shards/release` directly with the same wire models
 and error shape; everything else (and the OpenAPI description of these two routes) stays with FastAPI.
+
+Any request on this path may carry `Shardcache-Release: lease1,lease2`: those leases end before the request
+is served (unknown or expired ones are ignored). A client that opens shards in a tight loop sends the
+release of the shard it just closed with its next open: one request per shard instead of two.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _MAX_BODY = 64 * 1024  # an open or release body is a few hundred bytes
+RELEASE_HEADER = b"shardcache-release"  # ASGI servers lower-case header names
 
 
 def error_body(code: str, detail: str) -> bytes:
@@ -47,6 +52,12 @@ class HotPath:
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == RELEASE_HEADER:
+                    self.service.release(
+                        *(lease.strip() for lease in value.decode("latin-1").split(",")[:64])
+                    )
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             if path == "/v1/shards/open":

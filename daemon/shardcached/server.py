@@ -18,11 +18,13 @@ import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from shardcached.app import create_app, create_metrics_app
+from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
 from shardcached.hotpath import HotPath
 from shardcached.planner import Planner
@@ -91,10 +93,10 @@ def bind_tcp(address: str) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: object, graceful_s: float) -> uvicorn.Config:
+def _uvicorn_config(app: object, graceful_s: float, http: Any = "httptools") -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
-        http="httptools",
+        http=http,
         lifespan="on",
         log_config=None,
         access_log=False,
@@ -120,7 +122,7 @@ async def serve(settings: Settings) -> int:
         api_socket.close()
         _remove(settings.socket)
         raise
-    api = _Server(_uvicorn_config(HotPath(app, app.state.service), 10))
+    api = _Server(_uvicorn_config(HotPath(app, app.state.service), 10, CoalescingHttpToolsProtocol))
     metrics = _Server(_uvicorn_config(create_metrics_app(registry), 2))
     metrics.config.lifespan = "off"
 

@@ -376,9 +376,10 @@ class ShardService:
             evicted += 1
         return evicted
 
-    def release(self, lease: str) -> bool:
-        released = self.store.release(lease)
-        self._notify()
+    def release(self, *leases: str) -> bool:
+        """End leases; True when any was live (unknown or expired ones are ignored)."""
+        released = sum(self.store.release(lease) for lease in leases) > 0
+        self._notify()  # an expired lease may have freed space too
         return released
 
     def warm(self, urls: list[str]) -> list[str]:
