@@ -6,14 +6,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pipeline_support import make_tars
+from pipeline_support import make_tars, worker_context
 
 from shardcache import Dataset
 from shardcache.mix_plan import plan_mix
 from shardcache.mixing import mix
-
-# Other tests in the session import lance, which warns at every fork; these workers never touch lance.
-pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
 
 
 def origin(sample: dict[str, bytes]) -> str:
@@ -25,6 +22,8 @@ def test_two_dataloader_workers_read_the_planned_counts(tmp_path: Path) -> None:
     big = Dataset.from_source("tars", make_tars(tmp_path / "b", 4, 20, prefix="big"), daemon=None)
     small = Dataset.from_source("tars", make_tars(tmp_path / "s", 2, 5, prefix="small"), daemon=None)
     mixed = mix({"big": big, "small": small}, temperature=2.0, seed=5).map(origin)
-    loader = torch.utils.data.DataLoader(mixed, batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(
+        mixed, batch_size=None, num_workers=2, multiprocessing_context=worker_context()
+    )
     plan = plan_mix(["big", "small"], [80, 10], temperature=2.0, seed=5, epoch=0)
     assert Counter(loader) == dict(zip(plan.names, plan.counts, strict=True))
