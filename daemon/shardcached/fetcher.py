@@ -147,10 +147,12 @@ class Fetcher:
             # Endpoint, region and credentials come from the standard AWS environment and config files,
             # which botocore reads itself (AWS_ENDPOINT_URL_S3, AWS_PROFILE, instance roles).
             # botocore's own retries are turned off so that ours (backoff, jitter, metrics) are the policy.
+            # `total_max_attempts` counts attempts; botocore's older `max_attempts` counts RETRIES, so
+            # `max_attempts: 1` retried every transient error once, hidden from our metrics.
             config = {
                 "connect_timeout": self.connect_timeout_s,
                 "read_timeout": self.read_timeout_s,
-                "retries": {"max_attempts": 1, "mode": "standard"},
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
             }
             return {"config_kwargs": config}
         if protocol in ("http", "https"):

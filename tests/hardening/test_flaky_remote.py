@@ -121,7 +121,6 @@ BOTOCORE_RETRIES = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BOTOCORE_RETRIES)
 @pytest.mark.timeout(60)
 def test_each_failed_attempt_is_counted_and_retried_only_by_the_daemons_policy(
     make_bucket, daemon_factory, fault_proxy
