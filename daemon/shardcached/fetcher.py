@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import fsspec
 from fsspec.callbacks import Callback
@@ -34,9 +34,13 @@ from shardcached.errors import (
 )
 from shardcached.keys import is_local
 
+if TYPE_CHECKING:
+    import aiohttp  # imported when an http(s) filesystem is first built: it is slow to import
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,28 @@ class RemoteInfo:
 
 class Cancelled(ShuttingDown):
     """The download was cancelled (daemon shutdown)."""
+
+
+class _Redirected(Exception):
+    """An http(s) remote answered 3xx. Not a DaemonError: fsspec's `info` wraps what its requests raise
+    in FileNotFoundError, so `_final_error` finds this in the exception chain and reports it as one."""
+
+    def __init__(self, url: str, status: int, location: str) -> None:
+        super().__init__(f"{url} answered {status} redirecting to {location!r}")
+        self.url, self.status, self.location = url, status, location
+
+
+async def _refuse_redirects(response: aiohttp.ClientResponse) -> None:
+    """aiohttp session hook: a 3xx answer is an error, never followed.
+
+    An allow-listed server could otherwise send the daemon anywhere, e.g. to a cloud metadata endpoint
+    (SSRF), since the allow-list checks only the URL we were asked for. `allow_redirects=False` stops
+    aiohttp from following; this hook stops fsspec from treating the 3xx's empty body as the object.
+    """
+    if 300 <= response.status < 400:
+        location = response.headers.get("Location", "")
+        response.release()
+        raise _Redirected(str(response.url), response.status, location)
 
 
 def parse_checksum(checksum: str) -> tuple[str, str]:
@@ -161,7 +187,9 @@ class Fetcher:
             timeout = aiohttp.ClientTimeout(
                 sock_connect=self.connect_timeout_s, sock_read=self.read_timeout_s
             )
-            return {"client_kwargs": {"timeout": timeout}}
+            # fsspec passes its storage options (allow_redirects) to every session.get/head it makes.
+            client = {"timeout": timeout, "raise_for_status": _refuse_redirects}
+            return {"client_kwargs": client, "allow_redirects": False}
         return {}
 
     def info(self, url: str, cancel: threading.Event | None = None) -> RemoteInfo:
@@ -271,7 +299,15 @@ class Fetcher:
         """The error to report at once for `exc`, or None when it is transient and worth a retry."""
         kind: str
         error: DaemonError
-        if isinstance(exc, FileNotFoundError | IsADirectoryError):
+        redirect = _in_chain(exc, _Redirected)
+        if redirect is not None:
+            kind = "redirect"
+            error = RemoteError(
+                f"{redirect}: shardcached does not follow redirects, which could lead it outside the "
+                f"allow-list; use the final URL of {url} (and allow-list it) instead",
+                code="remote_redirect",
+            )
+        elif isinstance(exc, FileNotFoundError | IsADirectoryError):
             kind, error = (
                 "not_found",
                 NotFound(f"{url} does not exist or is not a file: {exc}", code="remote_not_found"),
@@ -297,3 +333,15 @@ class Fetcher:
             return None
         self._on_error(kind)
         return error
+
+
+def _in_chain(exc: BaseException, kind: type[E]) -> E | None:
+    """The first exception of type `kind` in `exc`'s cause/context chain, or None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

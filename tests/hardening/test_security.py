@@ -109,14 +109,6 @@ def test_urls_outside_the_allow_list_are_refused_before_any_remote_is_contacted(
     assert seen == [] and metadata_seen == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SSRF through redirects: fsspec's http filesystem follows 3xx (aiohttp allow_redirects=True, and "
-    "fsspec's _file_info HEAD too), so an allow-listed http(s) server that redirects sends the daemon to any "
-    "host, e.g. 169.254.169.254. Fix: Fetcher._fs_options for http(s) adds allow_redirects=False to the "
-    "filesystem's storage options (fsspec passes it to every session.get/head) and treats 3xx as an error "
-    "naming the Location, or re-checks each Location against the allow-list",
-)
 def test_an_allowed_server_cannot_redirect_the_daemon_to_a_metadata_endpoint(
     daemon_factory, metadata_and_redirector
 ):
