@@ -69,7 +69,7 @@ class DaemonClient:
         self._setup()
 
     def _setup(self) -> None:
-        self._transport = Transport(self.socket, self.timeout, f"{_V1}/shards/release")
+        self._transport = _CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
         self._state_lock = threading.Lock()
         # Monotonic time of the last failed attempt to reach the daemon; None while it answers.
         self._down_at: float | None = None
@@ -210,6 +210,18 @@ class DaemonClient:
 
     # -- daemon availability --------------------------------------------------------------------------------
 
+    @property
+    def generation(self) -> int:
+        """How many connections to the daemon this client has opened (in any thread of this process).
+
+        Plans are soft state in the daemon: one that was killed and came back has forgotten them, and a
+        client that fell back to direct reads registered none. Either way the next request runs on a new
+        connection, so a reader that remembers this number when it registers its plans knows, with one
+        comparison per shard, when to register them again. A keep-alive connection the daemon closed
+        while idle also counts; registering again is harmless then (the daemon keeps identical plans).
+        """
+        return self._transport.connects
+
     def _skip_daemon(self) -> bool:
         down_at = self._down_at
         if down_at is None or self.required:
@@ -277,6 +289,11 @@ class DaemonClient:
         except (DaemonUnavailable, RemoteNotFound) as exc:
             logger.debug("plan %s not deleted: %s", plan_id, exc)
 
+    def plans(self) -> list[dict[str, Any]]:
+        """The live plans (`GET /v1/plans`): id, job, slot, epoch, cursor, len, pace; for debugging."""
+        answer = self._call("GET", f"{_V1}/plans")
+        return list(answer) if isinstance(answer, list) else []
+
     def stats(self) -> protocol.Stats:
         """The daemon's counters (`GET /v1/stats`). Raises `DaemonUnavailable` when none answers."""
         return protocol.Stats.model_validate(self._call("GET", f"{_V1}/stats"))
@@ -310,6 +327,24 @@ class DaemonClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _CountingTransport(Transport):
+    """A Transport that counts the connections it opens (`DaemonClient.generation`).
+
+    A subclass here rather than a counter in transport.py: the count is bookkeeping for plans, which the
+    transport knows nothing about. It is read without a lock: a lost increment between two threads opening
+    connections at the same instant only delays a re-registration to the next new connection.
+    """
+
+    connects = 0
+
+    def _connection(self) -> Any:
+        before = getattr(self._local, "conn", None)
+        conn = super()._connection()
+        if conn is not before:
+            self.connects += 1
+        return conn
 
 
 def _quote(value: str) -> str:

@@ -112,14 +112,26 @@ class SourceNode(Node):
         try:
             while True:
                 order = self.order(units, self.round)
-                plan = tracker.start(
-                    self.epoch if not resample else self.epoch + self.round,
+                plan_epoch = self.epoch if not resample else self.epoch + self.round
+                tracker.start(
+                    plan_epoch,
                     [units[u].ref.url for u in order],
                     self._next_urls(units) if tracker.client is not None else [],
                 )
+
+                def resync(after: int, order: list[int] = order, plan_epoch: int = plan_epoch) -> None:
+                    # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
+                    if tracker.stale():
+                        remaining = [units[u].ref.url for u in order[after:]]
+                        tracker.resync(plan_epoch, remaining, self._next_urls(units))
+
+                # Checked again once a shard is open: the open that found a restarted daemon ran on a
+                # new connection, and the shards after it are then announced before they are needed.
+                self.opener.after_open = lambda: resync(self.pos + 1)
                 while self.pos < len(order):
+                    resync(self.pos)
                     i = self.index
-                    for sample in self.read(units[order[self.pos]], plan, i):
+                    for sample in self.read(units[order[self.pos]], tracker.current, i):
                         i += 1
                         self.index = i
                         yield sample

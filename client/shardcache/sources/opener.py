@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from shardcache.errors import ConfigError
@@ -48,6 +48,9 @@ class ShardOpener:
 
     def __init__(self, daemon: DaemonSetting) -> None:
         self.client = make_client(daemon)
+        # Called once a shard is open through the daemon (the source re-announces its plans from there
+        # when the daemon restarted; see `SourceNode.gen`).
+        self.after_open: Callable[[], None] | None = None
 
     @contextlib.contextmanager
     def open(self, ref: ShardRef, plan: str | None = None) -> Iterator[BinaryIO]:
@@ -59,6 +62,8 @@ class ShardOpener:
                 yield f
             return
         with self.client.open(ref.url, plan=plan, size=ref.size, checksum=ref.checksum) as f:
+            if self.after_open is not None:
+                self.after_open()
             yield f
 
     @contextlib.contextmanager

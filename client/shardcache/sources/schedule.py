@@ -104,6 +104,7 @@ class PlanTracker:
         self.slot = slot
         self.current: str | None = None
         self._following: tuple[int, str] | None = None
+        self._generation = -1  # the client's connection generation when the plans were last registered
 
     def start(self, epoch: int, urls_now: Sequence[str], urls_next: Sequence[str]) -> str | None:
         """Announce this epoch's and the next epoch's orders; the current plan id (None: no daemon)."""
@@ -120,9 +121,44 @@ class PlanTracker:
             )
         following = self.client.register_plan(self.job, self.slot, epoch + 1, _dedupe_consecutive(urls_next))
         self._following = None if following is None else (epoch + 1, following)
+        self._generation = self.client.generation
         logger.debug(
             "registered plan %s for job %s slot %d epoch %d", self.current, self.job, self.slot, epoch
         )
+        return self.current
+
+    def stale(self) -> bool:
+        """Whether the daemon may have lost this slot's plans: it was reached on a new connection since
+        they were registered (it restarted, or this client fell back to direct reads and came back), or
+        it could not be reached when they were due. One comparison; called before every shard."""
+        client = self.client
+        return client is not None and (self.current is None or client.generation != self._generation)
+
+    def resync(self, epoch: int, urls_remaining: Sequence[str], urls_next: Sequence[str]) -> str | None:
+        """Register this epoch's remaining order and the next epoch's again; the current plan id.
+
+        The remaining order, not the whole epoch: a daemon that restarted would otherwise prefetch (and
+        make room for) shards this slot has already read. A daemon that kept the plans replaces the
+        current one by the shorter list and keeps the next one as it is.
+        """
+        if self.client is None:
+            return None
+        self.current = self.client.register_plan(
+            self.job, self.slot, epoch, _dedupe_consecutive(urls_remaining)
+        )
+        if self.current is not None:
+            following = self.client.register_plan(
+                self.job, self.slot, epoch + 1, _dedupe_consecutive(urls_next)
+            )
+            self._following = None if following is None else (epoch + 1, following)
+            logger.info(
+                "re-registered the plans of job %s slot %d epoch %d with the daemon (%d shards left)",
+                self.job,
+                self.slot,
+                epoch,
+                len(urls_remaining),
+            )
+        self._generation = self.client.generation
         return self.current
 
     def finish(self) -> None:
