@@ -16,7 +16,7 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, StateError
 from shardcache.shards import ShardRef, expand_shards
-from shardcache.sources import SourceSpec, canonical_kind, check_options, node_class
+from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
 from shardcache.sources.opener import check_daemon_setting
 from shardcache.stages import (
     AssembleStage,
@@ -81,6 +81,14 @@ class _Runtime:
         self.epoch, self.pending, self.iterator = state["epoch"], state["pending"], None
 
 
+def _source_of(node: Node) -> SourceNode | None:
+    """The source node at the bottom of a stage chain (None for a mix, whose sources come and go)."""
+    seen: Node | None = node
+    while seen is not None and not isinstance(seen, SourceNode):
+        seen = getattr(seen, "up", None)
+    return seen
+
+
 class PipelineIterator:
     """Iterates one slot's pipeline; `state_dict()` is the position before the next item."""
 
@@ -88,6 +96,7 @@ class PipelineIterator:
         self.node = node
         self.context = ctx
         self.fingerprint = fingerprint
+        self._source = _source_of(node)
         self._next = node.__next__
         # Node generators reference their nodes (a cycle the garbage collector would free at some later
         # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
@@ -108,7 +117,14 @@ class PipelineIterator:
             "total_slots": self.context.total_slots,
             "epoch": self.context.epoch,
             "pipeline": self.node.state_dict(),
+            # A count, not a position: how TorchLoader's workers report skips to the main process.
+            "skipped_shards": self.skipped_shards,
         }
+
+    @property
+    def skipped_shards(self) -> int:
+        """Shards skipped so far under `on_error="skip"` / `on_corrupt="skip"` (kept across a resume)."""
+        return 0 if self._source is None else self._source.skipped_shards
 
     def close(self) -> None:
         """Close open shards and delete this slot's daemon plans."""
@@ -151,8 +167,10 @@ class Dataset:
             context: An explicit RuntimeContext, honoured at iteration time (else inferred from torch/env).
             daemon: "auto" (the node daemon, direct reads if none answers), "required", None (never use a
                 daemon), a socket path, or a DaemonClient.
-            **options: The kind's arguments: `resample`; tars `sidecars`, `on_corrupt` ("raise"|"skip");
-                jsonl `ref_fields`; parquet `columns`, `batch_size`, `use_threads`; lance `columns`,
+            **options: The kind's arguments: `resample`; `on_error` ("raise"|"skip": skip and count shards
+                that are corrupt, missing or still failing after the daemon's retries; tars, jsonl,
+                parquet); tars `sidecars`, `on_corrupt` ("raise"|"skip", corrupt shards only); jsonl
+                `ref_fields`; parquet `columns`, `batch_size`, `use_threads`; lance `columns`,
                 `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan"). Every kind also takes the
                 planning hints `job` (the daemon job id) and `plan_following` ((epoch, urls) groups read
                 after this dataset); `mini_epochs` sets both, and neither changes the data or fingerprint.
@@ -352,6 +370,9 @@ class Dataset:
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
         iterator = PipelineIterator(node, ctx, self.fingerprint())
+        if pending is not None and iterator._source is not None:
+            skipped = pending.get("skipped_shards", 0)
+            iterator._source.skipped_shards = skipped if isinstance(skipped, int) else 0
         self._runtime.iterator = iterator
         return iterator
 

@@ -50,6 +50,14 @@ class LoaderIterator:
     def __next__(self) -> Any:
         return self._next()
 
+    @property
+    def skipped_shards(self) -> int:
+        """Shards the workers skipped under `on_error="skip"` / `on_corrupt="skip"`, as far as consumed."""
+        node: Any = self.node
+        while node is not None and not isinstance(node, MergeNode):
+            node = getattr(node, "up", None)
+        return 0 if node is None else int(node.skipped_shards)
+
     def state_dict(self) -> dict[str, Any]:
         """Small and JSON-serialisable: the loader's identity, layout, epoch and every node's position."""
         return {**self.header, "pipeline": self.node.state_dict()}

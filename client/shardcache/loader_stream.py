@@ -182,6 +182,14 @@ class MergeNode(Node):
             if close is not None:
                 close()
 
+    @property
+    def skipped_shards(self) -> int:
+        """Shards the workers skipped (`on_error="skip"`), as of the payloads consumed so far.
+
+        Carried in each worker's state (`PipelineIterator.state_dict`), so it costs nothing extra per item.
+        """
+        return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
+
     def state_dict(self) -> State:
         return {
             "workers": {str(w): s for w, s in sorted(self.states.items())},

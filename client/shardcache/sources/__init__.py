@@ -6,14 +6,19 @@ from collections.abc import Callable
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, SourceSpec, Unit
+from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
 _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
-    "tars": ("tars", "TarsSource", ("resample", "sidecars", "on_corrupt"), ".tar"),
-    "jsonl": ("jsonl", "JsonlSource", ("resample", "ref_fields"), ".jsonl"),
-    "parquet": ("parquet", "ParquetSource", ("resample", "columns", "batch_size", "use_threads"), ".parquet"),
+    "tars": ("tars", "TarsSource", ("resample", "sidecars", "on_corrupt", "on_error"), ".tar"),
+    "jsonl": ("jsonl", "JsonlSource", ("resample", "ref_fields", "on_error"), ".jsonl"),
+    "parquet": (
+        "parquet",
+        "ParquetSource",
+        ("resample", "columns", "batch_size", "use_threads", "on_error"),
+        ".parquet",
+    ),
     "lance": ("lance", "LanceSource", ("resample", "columns", "batch_size", "shuffle_mode"), None),
 }
 ALIASES = {"tar": "tars"}
@@ -47,6 +52,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     checker: Callable[[dict[str, Any]], None] = module.check_options
     checker(options)
     check_plan_options(options)
+    check_on_error(options)
 
 
 def node_class(kind: str) -> type[SourceNode]:

@@ -3,6 +3,14 @@
 A source splits its shards into units (a tar shard, a slice of a jsonl file, a parquet row group), and a slot
 reads its units in an order fixed by (seed, epoch, round). Position = (epoch, round, index in the slot's unit
 order, index within the unit): the state a resume needs, with no sample data.
+
+Shards that cannot be read: by default the error propagates, naming the URL. `on_error="skip"` (tars, jsonl,
+parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`), whose remote
+object does not exist (`RemoteNotFound`, or `FileNotFoundError` when reading directly) or whose remote still
+failed after the daemon's retries (`RemoteFailed`); each skip is logged once and counted in
+`skipped_shards` (surfaced as `PipelineIterator.skipped_shards`, `TorchLoader`'s iterator, and the
+telemetry's corrupt count). The tars source's older `on_corrupt="skip"` is the same mechanism limited to
+corrupt shards.
 """
 
 from __future__ import annotations
@@ -13,13 +21,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import StateError
+from shardcache.errors import ConfigError, CorruptShardError, RemoteFailed, RemoteNotFound, StateError
 from shardcache.shards import ShardRef
 from shardcache.sources.opener import DaemonSetting, ShardOpener
 from shardcache.sources.schedule import PLAN_OPTIONS, PlanTracker, job_id, slot_order
 from shardcache.stages.base import Node, State
 
 logger = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+# What `on_error="skip"` skips: the shard is bad or unreachable for good. Not DaemonUnavailable (the client
+# falls back to direct reads), NotAllowed, BadRequest or InsufficientCapacity (configuration to fix).
+SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
+
+
+def check_on_error(options: Mapping[str, Any]) -> None:
+    """Validate `on_error` ("raise" or "skip")."""
+    if options.get("on_error", "raise") not in ON_ERROR:
+        raise ConfigError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
 
 
 @dataclass(frozen=True)
@@ -75,7 +94,7 @@ class SourceNode(Node):
         self.round = 0
         self.pos = 0
         self.index = 0
-        self.skipped_corrupt = 0
+        self.skipped_shards = 0  # shards skipped under on_error/on_corrupt="skip" (see the module)
         self._opener: ShardOpener | None = None
         self._tracker: PlanTracker | None = None
 
@@ -131,10 +150,16 @@ class SourceNode(Node):
                 while self.pos < len(order):
                     resync(self.pos)
                     i = self.index
-                    for sample in self.read(units[order[self.pos]], tracker.current, i):
-                        i += 1
-                        self.index = i
-                        yield sample
+                    unit = units[order[self.pos]]
+                    try:
+                        for sample in self.read(unit, tracker.current, i):
+                            i += 1
+                            self.index = i
+                            yield sample
+                    except SKIPPABLE as exc:
+                        if not self._skips(exc):
+                            raise
+                        self._skipped(unit, exc)
                     self.pos += 1
                     self.index = 0
                 tracker.finish()
@@ -148,6 +173,23 @@ class SourceNode(Node):
                 self.pos = 0
         finally:
             tracker.close()
+
+    def _skips(self, exc: Exception) -> bool:
+        options = self.spec.options
+        if options.get("on_error", "raise") == "skip":
+            return True
+        return isinstance(exc, CorruptShardError) and options.get("on_corrupt", "raise") == "skip"
+
+    def _skipped(self, unit: Unit, exc: Exception) -> None:
+        self.skipped_shards += 1
+        what = "corrupt shard" if isinstance(exc, CorruptShardError) else "unreadable shard"
+        logger.warning(
+            "skipping the rest of %s %s (%s); %d shard(s) skipped so far",
+            what,
+            unit.ref.url,
+            exc,
+            self.skipped_shards,
+        )
 
     def _next_urls(self, units: list[Unit]) -> list[str]:
         """What this slot opens after the current epoch (or round): the daemon's "next" plan."""

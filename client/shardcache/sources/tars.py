@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from shardcache.errors import ConfigError, CorruptShardError
+from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream
@@ -58,27 +58,16 @@ class TarsSource(SourceNode):
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         level = key_dot_level()
-        skip_corrupt = self.spec.options.get("on_corrupt", "raise") == "skip"
         sidecars = self.spec.options.get("sidecars") or ()
         url = unit.ref.url
-        try:
-            with ExitStack() as stack:
-                samples = self._open(stack, unit.ref, plan, level)
-                if sidecars:
-                    samples = self._zip_sidecars(stack, samples, url, sidecars, level)
-                if start:
-                    samples = itertools.islice(samples, start, None)
-                yield from samples
-        except CorruptShardError as exc:
-            if not skip_corrupt:
-                raise
-            self.skipped_corrupt += 1
-            logger.warning(
-                "skipping the rest of corrupt shard %s (%s); %d skipped so far",
-                url,
-                exc,
-                self.skipped_corrupt,
-            )
+        # A corrupt shard raises CorruptShardError; the base class skips it under on_corrupt/on_error="skip".
+        with ExitStack() as stack:
+            samples = self._open(stack, unit.ref, plan, level)
+            if sidecars:
+                samples = self._zip_sidecars(stack, samples, url, sidecars, level)
+            if start:
+                samples = itertools.islice(samples, start, None)
+            yield from samples
 
     def _open(
         self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
