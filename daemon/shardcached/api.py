@@ -6,9 +6,13 @@ route builds its JSON answer directly, because it is the hot path.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
@@ -34,6 +38,28 @@ from shardcached.telemetry import ClientTelemetry
 _JSON = "application/json"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 UrlQuery = Annotated[str, Query(min_length=1, max_length=MAX_URL_LENGTH, description="shard URL")]
+
+
+class _NoFollowFileResponse(FileResponse):
+    """A FileResponse that opens its file with O_NOFOLLOW: the daemon never streams through a symlink.
+
+    The service checked the file with `lstat` (passed as `stat_result`, so starlette does not `stat`
+    through links); O_NOFOLLOW closes the window between that check and the open. Overrides starlette's
+    private `_open_file`; tests/daemon/test_cache_dir_files.py fails if that hook stops being used.
+    """
+
+    @contextlib.asynccontextmanager
+    async def _open_file(self) -> AsyncIterator[anyio.AsyncFile[bytes]]:
+        file = await anyio.open_file(self.path, mode="rb", opener=_open_nofollow)
+        try:
+            yield file
+        finally:
+            with anyio.CancelScope(shield=True):  # as starlette: close even when the transfer is cancelled
+                await file.aclose()
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _range_length(header: str | None, size: int) -> int:
@@ -79,10 +105,11 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.get("/shards/data")
     async def shard_data(request: Request, url: UrlQuery) -> FileResponse:
-        entry, lease = await service.lease_for_stream(url)
+        entry, lease, file_stat = await service.lease_for_stream(url)
         service.count_served("stream", _range_length(request.headers.get("range"), entry.size))
-        return FileResponse(
+        return _NoFollowFileResponse(
             entry.path,
+            stat_result=file_stat,
             media_type="application/octet-stream",
             background=BackgroundTask(service.release, lease),
         )

@@ -2,15 +2,14 @@
 
 Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. One
 asyncio future per URL in flight gives single flight: every open of a shard that is being fetched awaits
-the same download. Space is reserved before a download starts, evicting what the planner chooses, so the
-capacity holds with downloads in flight.
+the same download. Making room (eviction, reservations) is `space.Space`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,8 @@ from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
-from shardcached.prefetch import NoRoom, Prefetcher, prefetch_victim
+from shardcached.prefetch import NoRoom, Prefetcher
+from shardcached.space import Space
 from shardcached.store import Entry, Store
 
 logger = logging.getLogger(__name__)
@@ -54,20 +54,20 @@ class ShardService:
         self.allow = allow
         self.metrics = metrics
         self.max_fetches = max_fetches
-        self.evict_wait_s = evict_wait_s
         self.revalidate_after_s = revalidate_after_s
         self._clock = clock
         self._inflight: dict[str, asyncio.Future[Entry]] = {}
-        self._awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
         self._infos: dict[str, tuple[float, RemoteInfo]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
-        self._changed = asyncio.Event()
+        self.space = Space(
+            store, planner, metrics, evict_wait_s=evict_wait_s, clock=clock, closing=lambda: self._closing
+        )
         self.prefetcher = Prefetcher(self, clock)
         self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
         self._closing = False
         self._loops: list[asyncio.Task[Any]] = []
-        self.hits = self.misses = self.bytes_fetched = self.bytes_served = self.evictions = 0
+        self.hits = self.misses = self.bytes_fetched = self.bytes_served = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -99,8 +99,7 @@ class ShardService:
 
     def _notify(self) -> None:
         """Space or leases changed: wake opens waiting for room, and the prefetcher."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self.space.changed()
         self.prefetcher.wake()
 
     def wake_prefetcher(self) -> None:
@@ -148,14 +147,28 @@ class ShardService:
             url=canonical, path=str(entry.path), size=entry.size, lease=lease, hit=result == "hit"
         )
 
-    async def lease_for_stream(self, url: str) -> tuple[Entry, str]:
-        """Make the shard local and lease it while its bytes are streamed (`GET /v1/shards/data`)."""
+    async def lease_for_stream(self, url: str) -> tuple[Entry, str, os.stat_result]:
+        """Make the shard local and lease it while its bytes are streamed (`GET /v1/shards/data`).
+
+        Returns the entry, the lease and the `lstat` of its file. The daemon streams with its own
+        privileges, so a file that is no longer the regular file it wrote (say, a symlink planted in the
+        cache dir) is dropped and fetched again rather than served.
+        """
         canonical = self.allow.check(url)
         self.planner.record_open(canonical, None)
-        entry, result = await self._acquire(canonical, None, None)
-        lease = self.store.lease(entry)
-        self._note_use(entry, result, None, 0)
-        return entry, lease
+        for _ in range(2):
+            entry, result = await self._acquire(canonical, None, None)
+            file_stat = self.store.regular_stat(entry)
+            if file_stat is not None:
+                lease = self.store.lease(entry)
+                self._note_use(entry, result, None, 0)
+                return entry, lease, file_stat
+            logger.warning("%s is not the regular file the daemon wrote any more; dropping it", entry.path)
+            if self.store.by_url.get(canonical) is entry:
+                self.space.evict(canonical, "invalid")
+        raise DaemonError(
+            f"the cache file of {canonical} keeps being replaced; check what else writes the cache dir"
+        )
 
     def _note_use(self, entry: Entry, result: str, mode: str | None, served: int) -> None:
         if result == "hit":
@@ -189,15 +202,16 @@ class ShardService:
                 result = "miss"
                 future = self.start_fetch(url, size, checksum, demand=True)
             # The open was recorded on arrival, so no plan protects this shard any more: until it is
-            # leased, `_make_room` must not pick it (another fetch may finish in between).
-            self._awaited[url] = self._awaited.get(url, 0) + 1
+            # leased, `make_room` must not pick it (another fetch may finish in between).
+            awaited = self.space.awaited
+            awaited[url] = awaited.get(url, 0) + 1
             try:
                 entry = await asyncio.shield(future)
             except NoRoom:
                 continue  # we joined a prefetch that gave up; fetch on demand
             finally:
-                if (left := self._awaited.pop(url) - 1) > 0:
-                    self._awaited[url] = left
+                if (left := awaited.pop(url) - 1) > 0:
+                    awaited[url] = left
             # The fetch may have finished a while ago; make sure it is still resident before leasing.
             if self.store.by_url.get(url) is entry:
                 return entry, result
@@ -265,8 +279,8 @@ class ShardService:
             revived.validated_at = self._clock()
             return revived
         if current is not None:
-            self._evict(url, "stale")
-        await self._make_room(info.size, url, demand=demand, warm=warm)
+            self.space.evict(url, "stale")
+        await self.space.make_room(info.size, url, demand=demand, warm=warm)
         entry = Entry(
             key=key,
             url=url,
@@ -307,74 +321,18 @@ class ShardService:
         return info
 
     # -- space ------------------------------------------------------------------------------------------
-    async def _make_room(self, size: int, url: str, *, demand: bool, warm: bool = False) -> None:
-        """Evict until `size` more bytes fit, then reserve them.
-
-        A demand fetch evicts what the planner chooses; a prefetch only what is needed later than `url`;
-        warming (`POST /v1/prefetch`) a prefetch's victims or else shards in no plan, never a planned one.
-
-        Raises:
-            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
-            NoRoom: a prefetch would have to evict something needed sooner.
-        """
-        store = self.store
-        if size > store.capacity:
-            raise InsufficientCapacity(
-                f"{url} has {size} bytes, more than the cache capacity of {store.capacity} bytes; "
-                f"raise shardcached --capacity or read it directly"
-            )
-        deadline = self._clock() + self.evict_wait_s
-        while not store.fits(size):
-            candidates = store.evictable()
-            if self._awaited:
-                candidates = [c for c in candidates if c not in self._awaited]
-            if candidates:
-                victim = (
-                    self.planner.choose_victim(candidates, None)
-                    if demand
-                    else prefetch_victim(self.planner, candidates, url, warm=warm)
-                )
-                if victim is None:
-                    raise NoRoom(url)
-                self._evict(victim, "capacity" if demand else "prefetch")
-                continue
-            if not demand:
-                raise NoRoom(url)
-            if self._closing:
-                raise ShuttingDown("the daemon is shutting down; retry shortly")
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise InsufficientCapacity(
-                    f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
-                    f"being downloaded; release leases, retry later or raise shardcached --capacity"
-                )
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
-        store.reserve(size)
-
-    def _evict(self, url: str, reason: str) -> Entry:
-        entry = self.store.remove(url)
-        self.planner.forget(url)
-        self.evictions += 1
-        self.metrics.evictions.labels(reason).inc()
-        if entry.prefetched and not entry.used:
-            self.metrics.prefetched.labels("evicted_unused").inc()
-        logger.info("evicted %s (%d bytes, %s)", url, entry.size, reason)
-        return entry
-
     def evict(self, url: str) -> None:
         """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released."""
-        self._evict(self.allow.check(url), "manual")
+        self.space.evict(self.allow.check(url), "manual")
         self._notify()
 
     def trim(self) -> int:
         """Evict until the store fits its capacity (after a restart with a smaller one); returns how many."""
-        evicted = 0
-        while self.store.used > self.store.capacity and (candidates := self.store.evictable()):
-            self._evict(self.planner.choose_victim(candidates) or candidates[0], "capacity")
-            evicted += 1
-        return evicted
+        return self.space.trim()
+
+    @property
+    def evictions(self) -> int:
+        return self.space.evictions
 
     def release(self, *leases: str) -> bool:
         """End leases; True when any was live (unknown or expired ones are ignored)."""

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,55 +98,92 @@ class Store:
 
     # -- recovery and publishing ------------------------------------------------------------------------
     def recover(self) -> int:
-        """Remove leftovers of a crash and rebuild the index from disk; returns the shards found."""
+        """Remove leftovers of a crash and rebuild the index from disk; returns the shards found.
+
+        Only regular files count: a symlink (or anything else) planted under a shard's name is removed,
+        never indexed, so the daemon cannot be made to serve a file it did not write. A crash while a stale
+        version was kept for a lease can leave two versions of one URL; the newest is kept.
+        """
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         names = set(os.listdir(self.cache_dir))
         data_names: set[str] = set()
+        newest: dict[str, tuple[int, Entry]] = {}
         for name in sorted(names):
             path = self.cache_dir / name
             if name.startswith(TEMP_PREFIX):
                 logger.info("removing temp file left by an interrupted download: %s", path)
-                path.unlink(missing_ok=True)
+                _remove(path)
             elif name.endswith(META_SUFFIX):
-                entry = self._load_meta(path, names)
-                if entry is None:
-                    path.unlink(missing_ok=True)
+                loaded = self._load_meta(path, names)
+                if loaded is None:
+                    _remove(path)
                     continue
+                entry, written_ns = loaded
                 data_names.add(entry.path.name)
-                self._insert(entry)
+                kept = newest.get(entry.url)
+                if kept is not None and kept[0] >= written_ns:
+                    older: Entry | None = entry
+                else:
+                    newest[entry.url] = (written_ns, entry)
+                    older = kept[1] if kept is not None else None
+                if older is not None:
+                    logger.info("removing an older version of %s: %s", older.url, older.path.name)
+                    self._unlink(older)
+        for _, entry in newest.values():
+            self._insert(entry)
         for name in names - data_names:
             if not name.startswith(TEMP_PREFIX) and not name.endswith(META_SUFFIX) and len(name) >= 64:
                 logger.info("removing shard file without metadata: %s", name)
-                (self.cache_dir / name).unlink(missing_ok=True)
+                _remove(self.cache_dir / name)
         logger.info(
             "recovered %d shards (%d bytes) from %s", len(self.by_url), self.resident_bytes, self.cache_dir
         )
         return len(self.by_url)
 
-    def _load_meta(self, meta_path: Path, names: set[str]) -> Entry | None:
+    def _load_meta(self, meta_path: Path, names: set[str]) -> tuple[Entry, int] | None:
+        """The entry a meta file describes and the meta's mtime in ns, or None if it is not servable."""
         try:
-            meta = json.loads(meta_path.read_text())
             key = meta_path.name.removesuffix(META_SUFFIX)
+            meta_stat = meta_path.lstat()
+            if not stat.S_ISREG(meta_stat.st_mode):
+                logger.warning("removing %s: not a regular file (planted in the cache dir?)", meta_path)
+                return None
+            meta = json.loads(_read_nofollow(meta_path))
             data = self.cache_dir / str(meta["file"])
             if data.name not in names or not data.name.startswith(key):
                 return None
-            stat = data.stat()
-            if stat.st_size != int(meta["size"]):
-                logger.warning("removing %s: %d bytes on disk, %s expected", data, stat.st_size, meta["size"])
-                data.unlink(missing_ok=True)
+            data_stat = data.lstat()  # never through a link: a planted symlink must not be served
+            if not stat.S_ISREG(data_stat.st_mode):
+                logger.warning("removing %s: not a regular file (planted in the cache dir?)", data)
+                _remove(data)
                 return None
-            return Entry(
+            if data_stat.st_size != int(meta["size"]):
+                logger.warning(
+                    "removing %s: %d bytes on disk, %s expected", data, data_stat.st_size, meta["size"]
+                )
+                _remove(data)
+                return None
+            entry = Entry(
                 key=key,
                 url=str(meta["url"]),
                 version=str(meta["version"]),
                 size=int(meta["size"]),
                 path=data,
                 checksum=meta.get("checksum"),
-                last_use=meta_path.stat().st_mtime,
+                last_use=meta_stat.st_mtime,
             )
+            return entry, meta_stat.st_mtime_ns
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.warning("removing unreadable shard metadata %s: %s", meta_path, exc)
             return None
+
+    def regular_stat(self, entry: Entry) -> os.stat_result | None:
+        """`lstat` of the entry's file while it is a regular file; None once removed or replaced (a link)."""
+        try:
+            file_stat = entry.path.lstat()
+        except FileNotFoundError:
+            return None
+        return file_stat if stat.S_ISREG(file_stat.st_mode) else None
 
     def temp_path(self, key: str) -> Path:
         return self.cache_dir / f"{TEMP_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
@@ -260,3 +298,19 @@ class Store:
     @property
     def lease_count(self) -> int:
         return len(self._leases)
+
+
+def _remove(path: Path) -> None:
+    """Unlink a file or a link (never what it points to); a directory planted there is left, logged."""
+    try:
+        path.unlink(missing_ok=True)
+    except IsADirectoryError:
+        logger.warning("leaving directory %s in the cache dir: remove it by hand", path)
+    except OSError as exc:
+        logger.warning("could not remove %s: %s", path, exc)
+
+
+def _read_nofollow(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, encoding="utf-8") as meta:
+        return meta.read()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,9 @@ class Clock:
         return self.now
 
 
-def _publish(store: Store, url: str, data: bytes) -> Entry:
-    key = cache_key(url, "v1")
-    entry = Entry(key=key, url=url, version="v1", size=len(data), path=store.cache_dir / f"{key}.tar")
+def _publish(store: Store, url: str, data: bytes, version: str = "v1") -> Entry:
+    key = cache_key(url, version)
+    entry = Entry(key=key, url=url, version=version, size=len(data), path=store.cache_dir / f"{key}.tar")
     tmp = store.temp_path(key)
     tmp.write_bytes(data)
     store.finalize(tmp, entry)
@@ -56,6 +57,33 @@ def test_recovery_removes_temp_files_and_orphans(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [kept.path.name, kept.meta_path.name, "lost+found"]
     )
+
+
+def test_recovery_keeps_only_the_newest_version_of_a_url(tmp_path: Path):
+    store = Store(tmp_path, capacity=1000)
+    stale = _publish(store, "s3://b/a.tar", b"o" * 7, version="v1")
+    store.lease(stale)  # its files outlive the new version's publish; then the daemon crashes
+    fresh = _publish(store, "s3://b/a.tar", b"n" * 9, version="v2")
+    os.utime(stale.meta_path, ns=(1_000_000_000, 1_000_000_000))  # written first, whatever the clock says
+    again = Store(tmp_path, capacity=1000)
+    assert again.recover() == 1
+    assert again.by_url["s3://b/a.tar"].key == fresh.key
+    assert again.resident_bytes == 9
+    assert not stale.path.exists() and not stale.meta_path.exists()
+
+
+def test_recovery_removes_a_symlink_planted_under_a_shards_name(tmp_path: Path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 4)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = Store(cache, capacity=1000)
+    entry = _publish(store, "s3://b/a.tar", b"x" * 4)
+    entry.path.unlink()
+    entry.path.symlink_to(secret)
+    again = Store(cache, capacity=1000)
+    assert again.recover() == 0
+    assert not entry.path.is_symlink() and secret.read_bytes() == b"s" * 4
 
 
 def test_capacity_counts_reservations_and_evicted_but_leased_files(tmp_path: Path):

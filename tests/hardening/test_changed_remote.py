@@ -130,13 +130,6 @@ def test_a_manifest_checksum_mismatch_is_rejected_on_download_and_nothing_is_pub
     assert published_shards(daemon.cache_dir) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.recover indexes every .meta.json it finds, so after a crash that left a stale version "
-    "(evicted as 'stale' but kept for a lease) beside the new one, both are inserted under one URL: "
-    "resident_bytes counts the stale bytes forever and its files are never removed. Fix: in recover, keep "
-    "one entry per URL (the newest meta by mtime) and unlink the others' data and meta",
-)
 def test_a_restart_after_a_crash_keeps_only_the_newest_version_of_a_changed_object(
     make_bucket, daemon_factory, s3_client, tmp_path
 ):

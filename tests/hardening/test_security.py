@@ -121,13 +121,6 @@ def test_an_allowed_server_cannot_redirect_the_daemon_to_a_metadata_endpoint(
     assert answer.status_code >= 400
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.recover indexes a symlink in the cache directory as a shard (it stats through links), so "
-    "a file planted there (by anyone who can write the cache dir) is streamed by GET /v1/shards/data with "
-    "the daemon's privileges. Fix: in Store._load_meta use data.lstat() and accept only regular files "
-    "(stat.S_ISREG), removing anything else; open data files with O_NOFOLLOW when streaming",
-)
 def test_a_symlink_planted_in_the_cache_dir_is_not_served(daemon_factory, local_shards, tmp_path):
     secret = tmp_path / "secret"
     secret.write_bytes(b"private key material\n")

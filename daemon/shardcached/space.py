@@ -1,0 +1,115 @@
+"""Room in the cache: what to evict so a download fits, waiting for leases, and eviction bookkeeping.
+
+Space is reserved before a download starts, evicting what the planner chooses, so the capacity holds with
+downloads in flight. Shards that opens are waiting to lease (`awaited`) are never chosen: their open was
+recorded on arrival, so no plan protects them any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from shardcached.errors import InsufficientCapacity, ShuttingDown
+from shardcached.metrics import Metrics
+from shardcached.planner import Planner
+from shardcached.prefetch import NoRoom, prefetch_victim
+from shardcached.store import Entry, Store
+
+logger = logging.getLogger(__name__)
+
+
+class Space:
+    """Room-making and eviction over one store; runs on the event loop."""
+
+    def __init__(
+        self,
+        store: Store,
+        planner: Planner,
+        metrics: Metrics,
+        *,
+        evict_wait_s: float,
+        clock: Callable[[], float],
+        closing: Callable[[], bool],
+    ) -> None:
+        self.store = store
+        self.planner = planner
+        self.metrics = metrics
+        self.evict_wait_s = evict_wait_s
+        self._clock = clock
+        self._closing = closing
+        self.awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
+        self.evictions = 0
+        self._changed = asyncio.Event()
+
+    def changed(self) -> None:
+        """Space or leases changed: wake the opens waiting for room."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def make_room(self, size: int, url: str, *, demand: bool, warm: bool = False) -> None:
+        """Evict until `size` more bytes fit, then reserve them.
+
+        A demand fetch evicts what the planner chooses; a prefetch only what is needed later than `url`;
+        warming (`POST /v1/prefetch`) a prefetch's victims or else shards in no plan, never a planned one.
+
+        Raises:
+            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
+            NoRoom: a prefetch would have to evict something needed sooner.
+        """
+        store = self.store
+        if size > store.capacity:
+            raise InsufficientCapacity(
+                f"{url} has {size} bytes, more than the cache capacity of {store.capacity} bytes; "
+                f"raise shardcached --capacity or read it directly"
+            )
+        deadline = self._clock() + self.evict_wait_s
+        while not store.fits(size):
+            candidates = store.evictable()
+            if self.awaited:
+                candidates = [c for c in candidates if c not in self.awaited]
+            if candidates:
+                victim = (
+                    self.planner.choose_victim(candidates, None)
+                    if demand
+                    else prefetch_victim(self.planner, candidates, url, warm=warm)
+                )
+                if victim is None:
+                    raise NoRoom(url)
+                self.evict(victim, "capacity" if demand else "prefetch")
+                continue
+            if not demand:
+                raise NoRoom(url)
+            if self._closing():
+                raise ShuttingDown("the daemon is shutting down; retry shortly")
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise InsufficientCapacity(
+                    f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
+                    f"being downloaded; release leases, retry later or raise shardcached --capacity"
+                )
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+        store.reserve(size)
+
+    def evict(self, url: str, reason: str) -> Entry:
+        """Drop `url` from the cache (files live on until its leases end) and count why."""
+        entry = self.store.remove(url)
+        self.planner.forget(url)
+        self.evictions += 1
+        self.metrics.evictions.labels(reason).inc()
+        if entry.prefetched and not entry.used:
+            self.metrics.prefetched.labels("evicted_unused").inc()
+        logger.info("evicted %s (%d bytes, %s)", url, entry.size, reason)
+        return entry
+
+    def trim(self) -> int:
+        """Evict until the store fits its capacity (after a restart with a smaller one); returns how many."""
+        evicted = 0
+        while self.store.used > self.store.capacity and (candidates := self.store.evictable()):
+            self.evict(self.planner.choose_victim(candidates) or candidates[0], "capacity")
+            evicted += 1
+        return evicted
