@@ -1,8 +1,9 @@
 """Room in the cache: what to evict so a download fits, waiting for leases, and eviction bookkeeping.
 
 Space is reserved before a download starts, evicting what the planner chooses, so the capacity holds with
-downloads in flight. Shards that opens are waiting to lease (`awaited`) are never chosen: their open was
-recorded on arrival, so no plan protects them any more.
+downloads in flight, and so does the cache filesystem's real free space (statvfs). Shards that opens are
+waiting to lease (`awaited`) are never chosen: their open was recorded on arrival, so no plan protects
+them any more.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 from shardcached.errors import InsufficientCapacity, ShuttingDown
@@ -66,7 +68,7 @@ class Space:
                 f"raise shardcached --capacity or read it directly"
             )
         deadline = self._clock() + self.evict_wait_s
-        while not store.fits(size):
+        while not store.fits(size) or self.disk_short(size):
             candidates = store.evictable()
             if self.awaited:
                 candidates = [c for c in candidates if c not in self.awaited]
@@ -78,13 +80,21 @@ class Space:
                 )
                 if victim is None:
                     raise NoRoom(url)
-                self.evict(victim, "capacity" if demand else "prefetch")
+                reason = "prefetch" if not demand else "capacity" if not store.fits(size) else "disk_full"
+                self.evict(victim, reason)
                 continue
             if not demand:
                 raise NoRoom(url)
             if self._closing():
                 raise ShuttingDown("the daemon is shutting down; retry shortly")
             remaining = deadline - self._clock()
+            if remaining <= 0 and (short := self.disk_short(size)):
+                raise InsufficientCapacity(
+                    f"no room for {url} ({size} bytes): the cache filesystem of {store.cache_dir} lacks "
+                    f"{short} bytes and every shard on it is leased or being downloaded; free space there, "
+                    f"or set shardcached --capacity below what the disk holds",
+                    code="cache_disk_full",
+                )
             if remaining <= 0:
                 raise InsufficientCapacity(
                     f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
@@ -94,6 +104,22 @@ class Space:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
         store.reserve(size)
+
+    def disk_short(self, size: int) -> int:
+        """Bytes the cache filesystem lacks to take `size` more bytes besides the downloads in flight.
+
+        `--capacity` may exceed what the disk really has free (other files, a shared or small filesystem),
+        so making room also evicts until the free space holds the shard; ENOSPC mid-download is then the
+        exception (a 507), not how a full disk is found. In-flight downloads count with their whole
+        reservation, although part of it is already written: erring towards one eviction too many only
+        when the disk is that full.
+        """
+        try:
+            fs = os.statvfs(self.store.cache_dir)
+        except OSError as exc:  # not knowing is not a reason to refuse: the download will tell
+            logger.debug("statvfs of %s failed: %s", self.store.cache_dir, exc)
+            return 0
+        return max(0, size + self.store.reserved_bytes - fs.f_bavail * fs.f_frsize)
 
     def evict(self, url: str, reason: str) -> Entry:
         """Drop `url` from the cache (files live on until its leases end) and count why."""

@@ -51,7 +51,6 @@ def test_a_share_capacity_is_resolved_against_the_small_filesystem(small_fs, dae
         assert http.get("/v1/stats").json()["capacity"] == 3 * 1024 * 1024 // 2
 
 
-@pytest.mark.xfail(strict=True, reason=ENOSPC_BUG)
 @pytest.mark.timeout(90)
 def test_opens_beyond_the_real_free_space_evict_instead_of_failing(small_fs, daemon_factory, make_bucket):
     shards = one_mib_shards(make_bucket)
