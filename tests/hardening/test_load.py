@@ -21,7 +21,7 @@ from .support import api, metric, wait_for
 
 CLIENT = Path(__file__).with_name("load_client.py")
 PROCESSES, THREADS = 4, 16
-THRASH = (
+THRASH = (  # the bug this bound caught, fixed by ShardService._acquire's `awaited` pin (space.Space)
     "a freshly downloaded shard is evicted before the open waiting for it can lease it, so that open "
     "downloads it again (ShardService._acquire: 'evicted repeatedly before it could be leased'): between "
     "_fetch's store.add and the waiter resuming, another demand fetch's _make_room picks it as the victim "
@@ -120,9 +120,10 @@ def test_sixty_four_clients_over_twice_the_cache_see_no_errors_and_capacity_and_
         f"evicted unused); hit ratio {stats['hit_ratio']:.2f}; "
         f"peak used {load['peak']['used']} of {capacity}"
     )
-    if sum(d - 2 for d in downloads if d > 2) > wasted:
-        # Checked last, and as a runtime xfail because the race does not show on every run.
-        pytest.xfail(f"{THRASH} (downloads per shard {dict(collections.Counter(downloads))})")
+    # Checked last, so that the figures above are printed even when it fails.
+    assert sum(d - 2 for d in downloads if d > 2) <= wasted, (
+        f"{THRASH} (downloads per shard {dict(collections.Counter(downloads))})"
+    )
 
 
 @pytest.mark.slow
