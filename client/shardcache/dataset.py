@@ -2,21 +2,21 @@
 
 Every stage method returns a new Dataset. Iterating resolves the runtime context (explicit, else torch and
 environment), builds one node per stage over the source node, and returns a `PipelineIterator`, whose
-`state_dict()` a trainer checkpoints.
+`state_dict()` a trainer checkpoints (`shardcache.iteration`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, StateError
+from shardcache.iteration import STATE_VERSION, PipelineIterator, in_main_process
 from shardcache.shards import ShardRef, expand_shards
-from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
+from shardcache.sources import SourceSpec, canonical_kind, check_options, node_class
 from shardcache.sources.opener import check_daemon_setting
 from shardcache.stages import (
     AssembleStage,
@@ -30,7 +30,6 @@ from shardcache.stages import (
     UnbatchStage,
 )
 
-STATE_VERSION = 1
 CACHE_DEFAULTS: dict[str, Any] = {
     "cache_dir": ".cache",
     "cache_num_workers": 1,
@@ -79,56 +78,6 @@ class _Runtime:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.epoch, self.pending, self.iterator = state["epoch"], state["pending"], None
-
-
-def _source_of(node: Node) -> SourceNode | None:
-    """The source node at the bottom of a stage chain (None for a mix, whose sources come and go)."""
-    seen: Node | None = node
-    while seen is not None and not isinstance(seen, SourceNode):
-        seen = getattr(seen, "up", None)
-    return seen
-
-
-class PipelineIterator:
-    """Iterates one slot's pipeline; `state_dict()` is the position before the next item."""
-
-    def __init__(self, node: Node, ctx: RuntimeContext, fingerprint: str) -> None:
-        self.node = node
-        self.context = ctx
-        self.fingerprint = fingerprint
-        self._source = _source_of(node)
-        self._next = node.__next__
-        # Node generators reference their nodes (a cycle the garbage collector would free at some later
-        # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
-        self._finalizer = weakref.finalize(self, node.close)
-
-    def __iter__(self) -> PipelineIterator:
-        return self
-
-    def __next__(self) -> Any:
-        return self._next()
-
-    def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable state: version, pipeline fingerprint, slot layout, epoch, positions."""
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": self.fingerprint,
-            "slot": self.context.slot,
-            "total_slots": self.context.total_slots,
-            "epoch": self.context.epoch,
-            "pipeline": self.node.state_dict(),
-            # A count, not a position: how TorchLoader's workers report skips to the main process.
-            "skipped_shards": self.skipped_shards,
-        }
-
-    @property
-    def skipped_shards(self) -> int:
-        """Shards skipped so far under `on_error="skip"` / `on_corrupt="skip"` (kept across a resume)."""
-        return 0 if self._source is None else self._source.skipped_shards
-
-    def close(self) -> None:
-        """Close open shards and delete this slot's daemon plans."""
-        self._finalizer()
 
 
 class Dataset:
@@ -377,7 +326,13 @@ class Dataset:
         return iterator
 
     def __iter__(self) -> Iterator[Any]:
-        return self.iter_context(None)
+        iterator = self.iter_context(None)
+        if in_main_process():
+            # A trainer's own loop: report its wait time to the daemon (DataLoader workers do not; a
+            # TorchLoader reports for all of them from the main process).
+            kinds = [stage.kind for stage in self._stages if stage.kind in ("batch", "unbatch")]
+            iterator.report_to_daemon(self._source, batched=bool(kinds) and kinds[-1] == "batch")
+        return iterator
 
     def build(self, ctx: RuntimeContext) -> Node:
         """The node chain of this pipeline for one slot (resolving a `.cache()` boundary first)."""

@@ -6,16 +6,21 @@ a loader-side `.shuffle(...)` that mixes samples across workers, optional `.asse
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset, _callable, _positive_int
 from shardcache.errors import StateError
 from shardcache.loader_stream import MergeNode, WorkerLauncher, WorkerStream
 from shardcache.stages import AssembleStage, BatchStage, MapStage, Node, ShuffleStage, Stage, UnbatchStage
+
+if TYPE_CHECKING:
+    from shardcache.telemetry import Telemetry
 
 
 def _torch_data() -> Any:
@@ -34,29 +39,34 @@ STATE_VERSION = 1
 class LoaderIterator:
     """One pass of a TorchLoader; `state_dict()` is the position before the next item it yields."""
 
-    def __init__(self, node: Node, header: dict[str, Any]) -> None:
+    def __init__(self, node: Node, header: dict[str, Any], telemetry: Telemetry | None = None) -> None:
         self.node = node
         self.header = header
+        self.telemetry = telemetry
         self._next = node.__next__
         # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
         # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
         # each. Closing when this (acyclic) object is released stops the workers at once.
-        self._finalizer = weakref.finalize(self, node.close)
+        self._finalizer = weakref.finalize(self, functools.partial(_close_all, node, telemetry))
 
     def __iter__(self) -> LoaderIterator:
         return self
 
     def __next__(self) -> Any:
-        return self._next()
+        telemetry = self.telemetry
+        if telemetry is None:
+            return self._next()
+        started = time.perf_counter()
+        item = self._next()
+        telemetry.record(time.perf_counter() - started, item)
+        return item
 
     @property
     def skipped_shards(self) -> int:
         """Shards the workers skipped under `on_error="skip"` / `on_corrupt="skip"`, as far as consumed."""
-        node: Any = self.node
-        while node is not None and not isinstance(node, MergeNode):
-            node = getattr(node, "up", None)
-        return 0 if node is None else int(node.skipped_shards)
+        merge = _merge_of(self.node)
+        return 0 if merge is None else merge.skipped_shards
 
     def state_dict(self) -> dict[str, Any]:
         """Small and JSON-serialisable: the loader's identity, layout, epoch and every node's position."""
@@ -65,6 +75,21 @@ class LoaderIterator:
     def close(self) -> None:
         """Stop the workers and close the loader-side stages."""
         self._finalizer()
+
+
+def _merge_of(node: Node) -> MergeNode | None:
+    seen: Any = node
+    while seen is not None and not isinstance(seen, MergeNode):
+        seen = getattr(seen, "up", None)
+    return seen if isinstance(seen, MergeNode) else None
+
+
+def _close_all(node: Node, telemetry: Telemetry | None) -> None:
+    try:
+        node.close()
+    finally:
+        if telemetry is not None:
+            telemetry.close()
 
 
 class _Runtime:
@@ -252,6 +277,16 @@ class TorchLoader:
 
     # -- iteration ------------------------------------------------------------------------------------------
 
+    def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
+        """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
+        from shardcache.sources.schedule import job_id
+        from shardcache.telemetry import for_reader
+
+        spec = self.dataset.source
+        job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)
+        merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
+        return for_reader(spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards)
+
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
         pending, self._runtime.pending = self._runtime.pending, None
@@ -270,6 +305,6 @@ class TorchLoader:
             node = stage.node(node, ctx)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
-        iterator = LoaderIterator(node, self._header(ctx))
+        iterator = LoaderIterator(node, self._header(ctx), self._telemetry(node, ctx))
         self._runtime.iterator = iterator
         return iterator

@@ -61,6 +61,8 @@ class Telemetry:
         socket: The daemon's socket (default: `SHARDCACHE_SOCKET`, else the platform default).
         interval_s: Seconds between reports; 0 sends only on `flush()` and `close()`.
         count: How many samples one item holds (default: `count_items`, the leading dimension of a batch).
+        skipped: A running total of skipped shards (e.g. `PipelineIterator.skipped_shards`), read by the
+            reporting thread and added to the corrupt count.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class Telemetry:
         socket: str | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
         count: Callable[[Any], int] = count_items,
+        skipped: Callable[[], int] | None = None,
     ) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s={interval_s!r}: expected seconds >= 0")
@@ -81,6 +84,7 @@ class Telemetry:
         self.socket = socket or os.environ.get(protocol.SOCKET_ENV) or protocol.default_socket_path()
         self.interval_s = interval_s
         self._count = count
+        self._skipped = skipped
         self._lock = threading.Lock()
         self.waited_s = 0.0  # totals since construction, for the trainer's own logs
         self.samples = 0
@@ -95,7 +99,7 @@ class Telemetry:
 
     def watch(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield the items of `iterable`, timing each `next()` and counting its samples."""
-        self._start()
+        self.start()
         iterator = iter(iterable)
         clock = time.perf_counter
         while True:
@@ -111,6 +115,17 @@ class Telemetry:
                 self.samples += samples
             yield item
 
+    def record(self, waited_s: float, item: Any) -> None:
+        """Count one item that took `waited_s` to arrive; for iterators that time themselves.
+
+        Lock-free: only the iterating thread writes these totals and the reporting thread only reads them.
+        The first call starts the reporting thread, so a DataLoader has forked its workers by then.
+        """
+        self.waited_s += waited_s
+        self.samples += self._count(item)
+        if self._thread is None:
+            self.start()
+
     def add_corrupt(self, count: int = 1) -> None:
         """Count samples skipped as corrupt (e.g. by a tars source with `on_corrupt="skip"`)."""
         with self._lock:
@@ -118,8 +133,9 @@ class Telemetry:
 
     # -- reporting (the background thread) ------------------------------------------------------------------
 
-    def _start(self) -> None:
-        if self._thread is None and self.interval_s > 0:
+    def start(self) -> None:
+        """Start the reporting thread (`watch` and `record` start it on first use)."""
+        if self._thread is None and self.interval_s > 0 and not self._stop.is_set():
             self._thread = threading.Thread(target=self._loop, name="shardcache-telemetry", daemon=True)
             self._thread.start()
 
@@ -129,8 +145,9 @@ class Telemetry:
 
     def report(self) -> protocol.TelemetryReport | None:
         """The figures since the last report (None when nothing happened), marking them as taken."""
+        skipped = self._skipped() if self._skipped is not None else 0
         with self._lock:
-            totals = (self.waited_s, self.samples, self.corrupt)
+            totals = (self.waited_s, self.samples, self.corrupt + skipped)
         now = time.monotonic()
         waited, samples, corrupt = (new - old for new, old in zip(totals, self._sent, strict=True))
         if not samples and not corrupt and waited <= 0:
@@ -175,3 +192,58 @@ class Telemetry:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def for_reader(daemon: Any, job: str, slot: int, skipped: Callable[[], int]) -> Telemetry | None:
+    """The automatic telemetry of one iteration (Dataset or TorchLoader), or None when `daemon=None`.
+
+    Args:
+        daemon: The source's `daemon=` setting: None turns telemetry off; a DaemonClient or a socket path
+            names the socket; "auto"/"required" use the default one.
+        job: The job id the reader's plans use.
+        slot: The reader's slot in the main process (its rank's slot).
+        skipped: The running count of skipped shards.
+    """
+    if daemon is None:
+        return None
+    socket = getattr(daemon, "socket", None)
+    if socket is None and daemon not in ("auto", "required"):
+        socket = str(daemon)
+    return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped)
+
+
+# Items timed between two hand-overs of the totals to the reporting thread (see `timed_items`).
+_HANDOVER_EVERY = 64
+
+
+def timed_items(
+    next_item: Callable[[], T], telemetry: Telemetry, count: Callable[[Any], int] | None = None
+) -> Iterator[T]:
+    """Items from `next_item()` (until StopIteration), timing each call into `telemetry`.
+
+    The hot loop of automatic telemetry: one sample per item costs two clock reads and local arithmetic;
+    the totals reach the Telemetry every `_HANDOVER_EVERY` items and at the end, so a report lags by at
+    most that many items. Faster than timing in the iterator's `__next__` (measured: ~6% of the tars
+    pipeline's rate there, within noise here), because locals are cheaper than attribute updates.
+    `count`: samples in one item (None: one).
+    """
+    clock = time.perf_counter
+    waited, samples, pending = 0.0, 0, 0
+    try:
+        while True:
+            started = clock()
+            try:
+                item = next_item()
+            except StopIteration:
+                return
+            waited += clock() - started
+            samples += 1 if count is None else count(item)
+            pending += 1
+            if pending == _HANDOVER_EVERY:
+                telemetry.waited_s += waited
+                telemetry.samples += samples
+                waited, samples, pending = 0.0, 0, 0
+            yield item
+    finally:
+        telemetry.waited_s += waited
+        telemetry.samples += samples
