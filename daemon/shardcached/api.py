@@ -10,7 +10,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Query, Request, Response, status
@@ -19,8 +19,11 @@ from starlette.background import BackgroundTask
 
 from shardcache.protocol import (
     MAX_URL_LENGTH,
+    URL_PATTERN,
+    ErrorBody,
     Health,
     OpenRequest,
+    OpenResponse,
     PlanRequest,
     PlanResponse,
     PrefetchRequest,
@@ -37,7 +40,24 @@ from shardcached.telemetry import ClientTelemetry
 
 _JSON = "application/json"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-UrlQuery = Annotated[str, Query(min_length=1, max_length=MAX_URL_LENGTH, description="shard URL")]
+UrlQuery = Annotated[
+    str, Query(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN, description="shard URL")
+]
+# What each error status means; every answer of these carries an ErrorBody (app.py's handlers, hotpath.py).
+_ERROR_MEANINGS = {
+    400: "Malformed URL, checksum, range or body",
+    403: "The URL is outside the daemon's allow-list (after canonicalisation)",
+    404: "The remote object, lease, plan or resident shard does not exist",
+    422: "The body or query does not match the schema",
+    502: "The remote failed after retries, refused access, redirected, or sent other bytes",
+    503: "The daemon is shutting down; retry against the next one",
+    507: "The shard cannot fit in the cache (capacity, leases or disk space)",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route answers, each with the ErrorBody schema."""
+    return {code: {"model": ErrorBody, "description": _ERROR_MEANINGS[code]} for code in statuses}
 
 
 class _NoFollowFileResponse(FileResponse):
@@ -81,7 +101,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     store = service.store
     telemetry = ClientTelemetry(service.metrics.registry)
 
-    @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT)
+    @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
     async def report_telemetry(body: TelemetryReport) -> Response:
         telemetry.record(body)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -90,12 +110,14 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     async def health() -> Health:
         return Health(status="ok", version=__version__)
 
-    @router.post("/shards/open")
+    @router.post(
+        "/shards/open", response_model=OpenResponse, responses=_errors(400, 403, 404, 422, 502, 503, 507)
+    )
     async def open_shard(body: OpenRequest) -> Response:
         answer = await service.open(body.url, body.size, body.checksum, body.plan)
         return Response(answer.model_dump_json(), media_type=_JSON)
 
-    @router.post("/shards/release", status_code=status.HTTP_204_NO_CONTENT)
+    @router.post("/shards/release", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(404, 422))
     async def release(body: ReleaseRequest) -> Response:
         if not service.release(body.lease):
             raise NotFound(
@@ -103,7 +125,14 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
             )
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    @router.get("/shards/data")
+    @router.get(
+        "/shards/data",
+        response_class=FileResponse,
+        responses={
+            200: {"content": {"application/octet-stream": {}}, "description": "The shard's bytes"},
+            **_errors(400, 403, 404, 422, 502, 503, 507),
+        },
+    )
     async def shard_data(request: Request, url: UrlQuery) -> FileResponse:
         entry, lease, file_stat = await service.lease_for_stream(url)
         service.count_served("stream", _range_length(request.headers.get("range"), entry.size))
@@ -114,7 +143,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
             background=BackgroundTask(service.release, lease),
         )
 
-    @router.post("/plans")
+    @router.post("/plans", responses=_errors(400, 403, 422))
     async def add_plan(body: PlanRequest) -> PlanResponse:
         urls = [service.allow.check(url) for url in body.urls]
         plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
@@ -125,13 +154,13 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     async def list_plans() -> list[dict[str, object]]:
         return planner.describe()
 
-    @router.delete("/plans/{plan_id}", status_code=status.HTTP_204_NO_CONTENT)
+    @router.delete("/plans/{plan_id}", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(404, 422))
     async def delete_plan(plan_id: str) -> Response:
         if not planner.delete_plan(plan_id):
             raise NotFound(f"plan {plan_id} is unknown (deleted, or dropped as stale)", code="unknown_plan")
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED)
+    @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED, responses=_errors(400, 403, 422))
     async def prefetch(body: PrefetchRequest) -> dict[str, list[str]]:
         return {"urls": service.warm(body.urls)}
 
@@ -150,7 +179,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
             ]
         )
 
-    @router.delete("/shards", status_code=status.HTTP_204_NO_CONTENT)
+    @router.delete("/shards", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(400, 403, 404, 422))
     async def evict(url: UrlQuery) -> Response:
         service.evict(url)
         return Response(status_code=status.HTTP_204_NO_CONTENT)

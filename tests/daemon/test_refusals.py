@@ -124,8 +124,14 @@ def test_malformed_open_bodies_are_4xx_in_the_error_shape(daemon, body):
     assert healthy == 200
 
 
-def test_control_characters_in_urls_are_400(daemon, layout):
+def test_control_characters_in_urls_are_refused_at_validation_with_422(daemon, layout):
     answer = _open(daemon, f"{layout}/allowed/ok.tar\x00.txt")
+    assert answer.status_code == 422
+    assert answer.json()["error"] == "invalid_request"
+
+
+def test_percent_encoded_control_characters_in_urls_are_400(daemon, layout):
+    answer = _open(daemon, "s3://good-bucket/data/ok%00.tar")
     assert answer.status_code == 400
     assert answer.json()["error"] == "bad_url"
 

@@ -66,14 +66,6 @@ def test_over_a_thousand_generated_requests_get_no_5xx_and_documented_answers_ma
     assert sum(sent.values()) >= 1000, sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the OpenAPI schema says less than the daemon enforces: (1) api.py's routes document only 200/204 "
-    "and 422, none of the error answers (400, 403 outside the allow-list, 404, 502, 503, 507 with the "
-    "{error, detail} body); fix: responses={...: {'model': ErrorBody}} on the router; (2) protocol.py's url "
-    "fields accept control characters that the daemon rejects with 400; fix: a "
-    "pattern excluding \\x00-\\x1f and \\x7f",
-)
 @pytest.mark.timeout(120)
 def test_every_answer_status_is_documented_in_the_openapi_schema(tmp_path: Path) -> None:
     fuzz_daemon(tmp_path, 30, excluded=[])
