@@ -94,6 +94,19 @@ def parse_checksum(checksum: str) -> tuple[str, str]:
     return algo, digest.lower()
 
 
+def normalize_checksum(checksum: str) -> str:
+    """`'sha256:ab12…'` spelt one way (algorithm and digest lower-case): equal checksums compare equal."""
+    algo, digest = parse_checksum(checksum)
+    return f"{algo}:{digest}"
+
+
+def file_matches(path: Path, checksum: str) -> bool:
+    """Whether the file's digest is `checksum` (blocking: run it in a worker thread)."""
+    algo, digest = parse_checksum(checksum)
+    with open(path, "rb", buffering=0) as src:
+        return hashlib.file_digest(src, algo).hexdigest() == digest
+
+
 class _Watch(Callback):  # type: ignore[misc]  # fsspec is untyped
     """fsspec progress callback that counts bytes, enforces the size and aborts on cancel."""
 

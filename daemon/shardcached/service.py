@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from shardcache.protocol import OpenResponse
 from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, ShuttingDown
-from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.fetcher import Fetcher, RemoteInfo, file_matches, normalize_checksum
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
@@ -193,7 +193,11 @@ class ShardService:
             if self._closing:
                 raise ShuttingDown("the daemon is shutting down; retry shortly")
             entry = self.store.by_url.get(url)
-            if entry is not None and await self._still_valid(entry, size):
+            if (
+                entry is not None
+                and await self._still_valid(entry, size)
+                and await self._checksum_holds(entry, checksum)
+            ):
                 return entry, result
             future = self._inflight.get(url)
             if future is not None:
@@ -230,6 +234,33 @@ class ShardService:
             return False
         entry.validated_at = self._clock()
         return True
+
+    async def _checksum_holds(self, entry: Entry, checksum: str | None) -> bool:
+        """Whether a resident shard matches the open's checksum; a copy that does not is evicted.
+
+        A shard published without a checksum (a prefetch: plans carry none) or with another one is hashed
+        once, in a worker thread, and the verified checksum recorded in its metadata, so later opens
+        carrying it are plain hits. On a mismatch the open fetches again with the checksum, which either
+        brings the right bytes or answers 502 `checksum_mismatch`.
+        """
+        if checksum is None:
+            return True
+        wanted = normalize_checksum(checksum)
+        if entry.checksum == wanted:
+            return True
+        try:
+            matches = await self._blocking(file_matches, entry.path, wanted)
+        except FileNotFoundError:
+            return False  # evicted meanwhile: `_acquire` looks again
+        if self.store.by_url.get(entry.url) is not entry:
+            return False
+        if matches:
+            entry.checksum = wanted
+            await self._blocking(self.store.write_meta, entry)
+            return True
+        logger.warning("%s: the cached copy does not match %s; fetching it again", entry.url, wanted)
+        self.space.evict(entry.url, "checksum_mismatch")
+        return False
 
     def start_fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False
@@ -270,11 +301,12 @@ class ShardService:
                 code="size_mismatch",
             )
         key = cache_key(url, info.version)
+        checksum = normalize_checksum(checksum) if checksum is not None else None
         current = self.store.by_url.get(url)
-        if current is not None and current.key == key:
+        if current is not None and current.key == key and checksum in (None, current.checksum):
             current.validated_at = self._clock()
             return current
-        revived = self.store.revive(key)
+        revived = self.store.revive(key, checksum)
         if revived is not None:
             revived.validated_at = self._clock()
             return revived

@@ -190,6 +190,12 @@ class Store:
 
     def finalize(self, tmp: Path, entry: Entry) -> None:
         """Publish a fully written, fsynced temp file as `entry` (blocking; called from a worker thread)."""
+        self.write_meta(entry)
+        os.replace(tmp, entry.path)
+        self._sync_dir()
+
+    def write_meta(self, entry: Entry) -> None:
+        """Atomically (re)write the entry's metadata, e.g. once its checksum is verified (blocking)."""
         meta = {
             "url": entry.url,
             "version": entry.version,
@@ -203,7 +209,8 @@ class Store:
             out.flush()
             os.fsync(out.fileno())
         os.replace(meta_tmp, entry.meta_path)
-        os.replace(tmp, entry.path)
+
+    def _sync_dir(self) -> None:
         fd = os.open(self.cache_dir, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -222,8 +229,14 @@ class Store:
         self.by_url[entry.url] = entry
         self.resident_bytes += entry.size
 
-    def revive(self, key: str) -> Entry | None:
-        """Put back a shard that was evicted but whose file lives on for its leases."""
+    def revive(self, key: str, checksum: str | None = None) -> Entry | None:
+        """Put back a shard that was evicted but whose file lives on for its leases.
+
+        With a `checksum`, only a shard verified against that same checksum comes back.
+        """
+        entry = self._doomed.get(key)
+        if entry is not None and checksum is not None and entry.checksum != checksum:
+            return None
         entry = self._doomed.pop(key, None)
         if entry is not None:
             self.doomed_bytes -= entry.size

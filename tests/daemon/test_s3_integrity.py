@@ -6,6 +6,7 @@ One daemon and one bucket serve the module; each test uses its own shard.
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ def shards(s3_client, tmp_path_factory: pytest.TempPathFactory) -> ShardSet:
     bucket = f"integrity-{id(local) % 100000}"
     s3_client.create_bucket(Bucket=bucket)
     names = []
-    for i in range(5):
+    for i in range(6):
         name = f"shard_{i:06d}.tar"
         make_tar_shard(local / name, i, samples=8)
         s3_client.upload_file(str(local / name), bucket, f"shards/{name}")
@@ -97,3 +98,14 @@ def test_size_differing_from_the_request_is_reported(shards, daemon):
     assert answer.status_code == 502
     assert answer.json()["error"] == "size_mismatch"
     assert "12345" in answer.json()["detail"]
+
+
+def test_a_checksum_brought_by_a_later_open_is_verified_on_the_hit_and_recorded(shards, daemon):
+    url, local = shards.s3_urls[5], Path(shards.local_paths[5])
+    checksum = "SHA256:" + hashlib.sha256(local.read_bytes()).hexdigest().upper()  # any spelling
+    with api(daemon) as http:
+        http.post("/v1/shards/open", json={"url": url}).raise_for_status()  # as a plan's prefetch: none
+        answer = http.post("/v1/shards/open", json={"url": url, "checksum": checksum}).json()
+    assert answer["hit"] is True
+    meta = Path(answer["path"]).with_name(Path(answer["path"]).stem + ".meta.json")
+    assert json.loads(meta.read_text())["checksum"] == checksum.lower()

@@ -82,7 +82,6 @@ CHECKSUM_NOT_CHECKED_ON_HITS = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=CHECKSUM_NOT_CHECKED_ON_HITS)
 def test_a_manifest_checksum_mismatch_fails_the_pipeline_naming_the_url(
     make_bucket, daemon_factory, tmp_path
 ):
@@ -105,7 +104,6 @@ def test_a_manifest_checksum_mismatch_fails_the_pipeline_naming_the_url(
     assert shards.s3_urls[1] not in published_shards(daemon.cache_dir)
 
 
-@pytest.mark.xfail(strict=True, reason=CHECKSUM_NOT_CHECKED_ON_HITS)
 def test_a_checksum_mismatch_is_rejected_even_when_the_shard_is_already_cached(make_bucket, daemon_factory):
     shards = make_bucket(count=1, samples=4)
     url = shards.s3_urls[0]
