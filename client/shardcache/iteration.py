@@ -28,7 +28,7 @@ def _close_all(node: Node, telemetry: Telemetry | None) -> None:
         node.close()
     finally:
         if telemetry is not None:
-            telemetry.close()
+            telemetry.close(wait=False)  # the reporting thread sends the last figures
 
 
 def _source_of(node: Node) -> SourceNode | None:

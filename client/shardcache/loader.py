@@ -89,7 +89,7 @@ def _close_all(node: Node, telemetry: Telemetry | None) -> None:
         node.close()
     finally:
         if telemetry is not None:
-            telemetry.close()
+            telemetry.close(wait=False)  # the reporting thread sends the last figures
 
 
 class _Runtime:

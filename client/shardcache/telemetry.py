@@ -94,6 +94,7 @@ class Telemetry:
         self._transport = Transport(self.socket, _REQUEST_TIMEOUT_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._joined = True  # whether close() sends the last figures itself (else the thread does)
 
     # -- collecting (the trainer's thread) ------------------------------------------------------------------
 
@@ -142,6 +143,8 @@ class Telemetry:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.flush()
+        if not self._joined:
+            self.flush()  # close(wait=False): the last figures go out from here
 
     def report(self) -> protocol.TelemetryReport | None:
         """The figures since the last report (None when nothing happened), marking them as taken."""
@@ -179,13 +182,20 @@ class Telemetry:
             return False
         return True
 
-    def close(self) -> None:
-        """Stop the reporting thread and send the last figures."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the reporting thread and send the last figures.
+
+        Args:
+            wait: Send them before returning. False hands them to the reporting thread (when it runs) and
+                returns at once: an iterator closing at the end of an epoch does not wait on the socket.
+        """
+        thread = self._thread
+        self._joined = wait or thread is None
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.flush()
+        if thread is not None and wait:
+            thread.join()
+        if self._joined:
+            self.flush()
 
     def __enter__(self) -> Telemetry:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,17 @@ from pipeline_support import worker_context
 from test_telemetry import client_samples
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
+from shardcache.devservers import Daemon
+
+
+def reported(daemon: Daemon, name: str, job: str, expected: float) -> float | None:
+    """The daemon's `name` series for (job, slot 0) once it reaches `expected` (polled with a deadline)."""
+    deadline = time.monotonic() + 20
+    while True:
+        value = client_samples(daemon).get((name, job, "0"))
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)  # the last report leaves from the background thread
 
 
 def test_a_dataset_iterated_in_the_trainer_reports_its_samples_and_wait(local_shards, daemon_factory) -> None:  # type: ignore[no-untyped-def]
@@ -19,9 +31,9 @@ def test_a_dataset_iterated_in_the_trainer_reports_its_samples_and_wait(local_sh
     assert it.telemetry is not None
     waited = it.telemetry.waited_s
     it.close()  # the last figures are sent when the iteration is released
-    series = client_samples(daemon)
-    assert series[("shardcache_client_samples_total", "auto-ds", "0")] == 4 * 8
-    assert series[("shardcache_client_wait_seconds_total", "auto-ds", "0")] == pytest.approx(waited, abs=1e-6)
+    assert reported(daemon, "shardcache_client_samples_total", "auto-ds", 4 * 8) == 4 * 8
+    wait = client_samples(daemon)[("shardcache_client_wait_seconds_total", "auto-ds", "0")]
+    assert wait == pytest.approx(waited, abs=1e-6)
 
 
 def test_a_torch_loader_reports_for_its_workers_with_their_skipped_shards(
@@ -39,9 +51,8 @@ def test_a_torch_loader_reports_for_its_workers_with_their_skipped_shards(
     it = iter(loader)
     assert sum(len(batch) for batch in it) == 3 * 8
     it.close()
-    series = client_samples(daemon)
-    assert series[("shardcache_client_samples_total", "auto-tl", "0")] == 3 * 8
-    assert series[("shardcache_client_corrupt_samples_total", "auto-tl", "0")] == 1
+    assert reported(daemon, "shardcache_client_samples_total", "auto-tl", 3 * 8) == 3 * 8
+    assert reported(daemon, "shardcache_client_corrupt_samples_total", "auto-tl", 1) == 1
 
 
 def test_daemon_none_turns_telemetry_off(local_shards) -> None:  # type: ignore[no-untyped-def]
