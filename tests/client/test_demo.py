@@ -60,7 +60,8 @@ def test_demo_trains_two_ranks_for_two_epochs_and_prints_the_table(tmp_path: Pat
     samples = 4 * samples_per_shard(int(0.5 * 1024 * 1024))
     # header: epoch opens hit-ratio fetched(2 cells) fetched/dataset samples samples/s waits val-acc
     assert [rows[e][6] for e in ("1", "2")] == [str(samples), str(samples)]  # every sample, every epoch
-    assert rows["1"][2] == "0%"  # a cold cache: the first epoch misses
+    # A cold cache: the first epoch cannot be all hits (the daemon may prefetch some shards from the plans).
+    assert int(rows["1"][2].rstrip("%")) < 100
     assert int(rows["2"][2].rstrip("%")) > 0  # the second epoch hits what the first left in the cache
     assert int(rows["1"][1]) == 4 + 2  # each train shard once, and each validation shard once for .cache()
     assert int(rows["2"][1]) == 4  # validation now reads the Lance cache, not shards
