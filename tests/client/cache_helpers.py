@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import tarfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,22 +12,6 @@ from typing import Any
 import numpy as np
 
 OFFSET = 0
-
-
-def make_tar_shard(path: Path, shard_index: int, samples: int, payload_bytes: int = 64) -> list[str]:
-    """A tar shard of `samples` samples (`<key>.bin` + `<key>.json`), like tests/conftest.py's."""
-    keys = []
-    with tarfile.open(path, "w") as tar:
-        for i in range(samples):
-            key = f"s{shard_index:04d}_{i:05d}"
-            keys.append(key)
-            body = bytes((shard_index * 31 + i + j) % 256 for j in range(payload_bytes))
-            meta = json.dumps({"shard": shard_index, "index": i}).encode()
-            for field, data in (("bin", body), ("json", meta)):
-                info = tarfile.TarInfo(f"{key}.{field}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return keys
 
 
 def add_length(sample: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 lance = pytest.importorskip("lance")
 
 import cache_helpers  # noqa: E402
-from cache_helpers import make_tar_shard  # noqa: E402
 
+from conftest import make_tar_shard  # noqa: E402
 from shardcache import Dataset, RuntimeContext  # noqa: E402
 from shardcache.cache import cache_ls, cache_rm  # noqa: E402
 from shardcache.cache.cli import main  # noqa: E402
