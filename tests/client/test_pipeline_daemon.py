@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_support import keys, make_tars
+from pipeline_support import keys, make_tars, write_tar
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
@@ -58,3 +58,25 @@ def test_an_iterator_dropped_unfinished_deletes_its_plans_at_once(tmp_path: Path
     del it
     ds = Dataset.from_source("tars", shards, daemon=None)  # drops the last reference to the iterator
     assert client.stats().plans == 0  # without waiting for the cyclic garbage collector
+
+
+def depth_of(path: str) -> str:
+    return path.replace("/images/", "/depth/")
+
+
+def test_sidecar_shards_are_in_the_slots_plan_and_opened_under_it(tmp_path: Path, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+    images = make_tars(tmp_path / "images", 2, 3)
+    (tmp_path / "depth").mkdir()
+    for s in range(2):
+        write_tar(
+            tmp_path / "depth" / f"shard_{s:06d}.tar", [(f"s{s:03d}_{i:04d}.d", b"x") for i in range(3)]
+        )
+    daemon = daemon_factory(allow=[str(tmp_path)])
+    client = DaemonClient(str(daemon.socket), required=True)
+    ds = Dataset.from_source("tars", images, daemon=client, sidecars=[("depth", depth_of)])
+    it = iter(ds.iter_context(RuntimeContext()))
+    next(it)
+    plans = sorted(client.plans(), key=lambda plan: plan["epoch"])
+    assert [plan["len"] for plan in plans] == [4, 4]  # each shard followed by its sidecar, both epochs
+    assert plans[0]["cursor"] == 2  # the first shard and its sidecar were opened under the plan
+    assert len(list(it)) == 5

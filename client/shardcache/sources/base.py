@@ -112,6 +112,10 @@ class SourceNode(Node):
         """The samples of `unit` from index `start` on."""
         raise NotImplementedError
 
+    def opened_urls(self, unit: Unit) -> list[str]:
+        """The shard urls reading `unit` opens, in opening order (the tars source adds its sidecars)."""
+        return [unit.ref.url]
+
     # -- shared machinery -----------------------------------------------------------------------------------
 
     @property
@@ -134,14 +138,14 @@ class SourceNode(Node):
                 plan_epoch = self.epoch if not resample else self.epoch + self.round
                 tracker.start(
                     plan_epoch,
-                    [units[u].ref.url for u in order],
+                    self._urls(units, order),
                     self._next_urls(units) if tracker.client is not None else [],
                 )
 
                 def resync(after: int, order: list[int] = order, plan_epoch: int = plan_epoch) -> None:
                     # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
                     if tracker.stale():
-                        remaining = [units[u].ref.url for u in order[after:]]
+                        remaining = self._urls(units, order[after:])
                         tracker.resync(plan_epoch, remaining, self._next_urls(units))
 
                 # Checked again once a shard is open: the open that found a restarted daemon ran on a
@@ -191,17 +195,20 @@ class SourceNode(Node):
             self.skipped_shards,
         )
 
+    def _urls(self, units: list[Unit], order: Sequence[int]) -> list[str]:
+        return [url for u in order for url in self.opened_urls(units[u])]
+
     def _next_urls(self, units: list[Unit]) -> list[str]:
         """What this slot opens after the current epoch (or round): the daemon's "next" plan."""
         if self.spec.resample:
-            return [units[u].ref.url for u in self.order(units, self.round + 1)]
+            return self._urls(units, self.order(units, self.round + 1))
         following = self.spec.options.get("plan_following")
         if following is not None:
             return [url for epoch, urls in following for url in self.plan_urls(urls, epoch)]
         saved = self.epoch
         self.epoch = saved + 1
         try:
-            return [units[u].ref.url for u in self.order(units, 0)]
+            return self._urls(units, self.order(units, 0))
         finally:
             self.epoch = saved
 
@@ -211,10 +218,11 @@ class SourceNode(Node):
         Exact for sources whose units need no I/O to list (tars, jsonl); sources that must read shard
         metadata for their units override this with a shard-level estimate.
         """
-        spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options={})
+        options = {k: v for k, v in self.spec.options.items() if k not in PLAN_OPTIONS}
+        spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options=options)
         sibling = type(self)(spec, self.ctx.with_epoch(epoch))
         units = sibling.units()
-        return [units[u].ref.url for u in sibling.order(units, 0)]
+        return sibling._urls(units, sibling.order(units, 0))
 
     def state_dict(self) -> State:
         return {

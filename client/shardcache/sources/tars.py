@@ -64,10 +64,14 @@ class TarsSource(SourceNode):
         with ExitStack() as stack:
             samples = self._open(stack, unit.ref, plan, level)
             if sidecars:
-                samples = self._zip_sidecars(stack, samples, url, sidecars, level)
+                samples = self._zip_sidecars(stack, samples, url, sidecars, level, plan)
             if start:
                 samples = itertools.islice(samples, start, None)
             yield from samples
+
+    def opened_urls(self, unit: Unit) -> list[str]:
+        sidecars = self.spec.options.get("sidecars") or ()
+        return [unit.ref.url, *(fn(unit.ref.url) for _, fn in sidecars)]
 
     def _open(
         self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
@@ -84,8 +88,10 @@ class TarsSource(SourceNode):
         url: str,
         sidecars: Sequence[tuple[str, Callable[[str], str]]],
         level: int,
+        plan: str | None,
     ) -> Iterator[dict[str, Any]]:
-        others = [(name, self._open(stack, ShardRef(fn(url)), None, level)) for name, fn in sidecars]
+        # Sidecars are opened under the slot's plan too (they are in it, after their main shard).
+        others = [(name, self._open(stack, ShardRef(fn(url)), plan, level)) for name, fn in sidecars]
         for group in itertools.zip_longest(main, *(it for _, it in others), fillvalue=_END):
             if any(s is _END for s in group):
                 raise ConfigError(
