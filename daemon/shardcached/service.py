@@ -216,8 +216,9 @@ class ShardService:
             finally:
                 if (left := awaited.pop(url) - 1) > 0:
                     awaited[url] = left
-            # The fetch may have finished a while ago; make sure it is still resident before leasing.
-            if self.store.by_url.get(url) is entry:
+            # The fetch may have finished a while ago; make sure it is still resident before leasing. A
+            # joined prefetch fetched without this open's checksum: verify it as a hit would.
+            if self.store.by_url.get(url) is entry and await self._checksum_holds(entry, checksum):
                 return entry, result
         raise InsufficientCapacity(
             f"{url} was evicted repeatedly before it could be leased; the cache is thrashing"
@@ -257,7 +258,7 @@ class ShardService:
         if matches:
             entry.checksum = wanted
             await self._blocking(self.store.write_meta, entry)
-            return True
+            return self.store.by_url.get(entry.url) is entry  # still resident after the awaits
         logger.warning("%s: the cached copy does not match %s; fetching it again", entry.url, wanted)
         self.space.evict(entry.url, "checksum_mismatch")
         return False
