@@ -9,13 +9,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from shardcache.devservers import Daemon, S3Server, start_daemon, start_s3_server
@@ -32,6 +35,32 @@ def require_tool(name: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def api(daemon: Daemon | str, timeout: float = 60.0) -> httpx.Client:
+    """An httpx client speaking to the daemon's Unix socket."""
+    socket = daemon if isinstance(daemon, str) else daemon.socket
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=socket), base_url="http://shardcached", timeout=timeout
+    )
+
+
+def metric(daemon: Daemon, name: str, labels: str = "") -> float:
+    """One sample from a live scrape of the metrics listener (0 when absent)."""
+    text = httpx.get(daemon.metrics_url, timeout=10).text
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)"
+    match = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
+    """Poll `check` until it is true; fail after the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"timed out after {deadline_s:.0f}s waiting for {what}")
 
 
 def make_tar_shard(path: Path, shard_index: int, samples: int, payload_bytes: int = 1024) -> list[str]:

@@ -3,42 +3,12 @@ a throttling/faulty TCP proxy in front of the S3 endpoint (failures are injected
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-import pytest
-
-from shardcache.devservers import Daemon
-
-
-def api(daemon: Daemon, timeout: float = 60.0) -> httpx.Client:
-    """An httpx client speaking to the daemon's Unix socket."""
-    return httpx.Client(
-        transport=httpx.HTTPTransport(uds=daemon.socket), base_url="http://shardcached", timeout=timeout
-    )
-
-
-def metric(daemon: Daemon, name: str, labels: str = "") -> float:
-    """One sample from a live scrape of the metrics listener (0 when absent)."""
-    text = httpx.get(daemon.metrics_url, timeout=10).text
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)"
-    match = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
-    """Poll `check` until true or fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+from conftest import api, metric, wait_for  # noqa: F401 - shared helpers, re-exported here
 
 
 def files_in(cache_dir: Path) -> list[str]:

@@ -4,43 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-import pytest
-
-from shardcache.devservers import Daemon
+from conftest import api, metric, wait_for  # noqa: F401 - shared helpers, re-exported here
 
 from .faultproxy import FaultProxy
-
-
-def api(daemon: Daemon | str, timeout: float = 60.0) -> httpx.Client:
-    """An httpx client speaking to the daemon's Unix socket."""
-    socket = daemon if isinstance(daemon, str) else daemon.socket
-    return httpx.Client(
-        transport=httpx.HTTPTransport(uds=socket), base_url="http://shardcached", timeout=timeout
-    )
-
-
-def metric(daemon: Daemon, name: str, labels: str = "") -> float:
-    """One sample from a live scrape of the metrics listener (0 when absent)."""
-    text = httpx.get(daemon.metrics_url, timeout=10).text
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)"
-    match = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
-    """Poll `check` until it is true; fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {deadline_s:.0f}s waiting for {what}")
 
 
 def sha256(path: Path) -> str:
