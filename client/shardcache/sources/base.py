@@ -35,6 +35,16 @@ ON_ERROR = ("raise", "skip")
 SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
 
 
+def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
+    """Validate the `columns` and `batch_size` keyword arguments of the tabular sources (parquet, lance)."""
+    columns = options.get("columns")
+    if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
+        raise ConfigError(f"columns={columns!r}: expected a list of column names or None")
+    batch_size = options.get("batch_size", 65536)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+
+
 def check_on_error(options: Mapping[str, Any]) -> None:
     """Validate `on_error` ("raise" or "skip")."""
     if options.get("on_error", "raise") not in ON_ERROR:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
 from shardcache.sources.schedule import permutation, slot_order
 
 logger = logging.getLogger(__name__)
@@ -29,12 +29,7 @@ def check_options(options: dict[str, Any]) -> None:
     mode = options.get("shuffle_mode", "none")
     if mode not in SHUFFLE_MODES:
         raise ConfigError(f"shuffle_mode={mode!r}: expected one of {SHUFFLE_MODES}")
-    columns = options.get("columns")
-    if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
-        raise ConfigError(f"columns={columns!r}: expected a list of column names or None")
-    batch_size = options.get("batch_size", 65536)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+    check_columns_and_batch_size(options)
 
 
 def _lance() -> Any:
