@@ -26,6 +26,28 @@ from shardcache.devservers import Daemon, S3Server, start_daemon, start_s3_serve
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def _fail_skip_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI=true, where a missing tool or package fails the run: {report.longrepr}"
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI=true every skip (pytest.skip, importorskip, skipif) fails: nothing is silently left out."""
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """The same for a module skipped at import (a module-level `pytest.importorskip`)."""
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())  # type: ignore[attr-defined]
+
+
 def require_tool(name: str) -> str:
     """Path of an external tool; skip locally when missing, fail under CI=true."""
     path = shutil.which(name)
