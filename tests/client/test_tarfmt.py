@@ -89,6 +89,24 @@ def test_garbage_header_is_corrupt(tmp_path: Path) -> None:
         list(iter_tar_samples(bytes(data), "t.tar"))
 
 
+@pytest.mark.parametrize("record", [b"0 path=a.txt\n", b"x7 path=a\n", b"20 size=many\n"])
+@pytest.mark.timeout(30)
+def test_malformed_pax_header_is_corrupt_in_both_readers(tmp_path: Path, record: bytes) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        pax = tarfile.TarInfo("pax_header")
+        pax.type, pax.size = tarfile.XHDTYPE, len(record)
+        tar.addfile(pax, io.BytesIO(record))
+        member = tarfile.TarInfo("a.txt")
+        member.size = 1
+        tar.addfile(member, io.BytesIO(b"x"))
+    data = buffer.getvalue()
+    with pytest.raises(CorruptShardError, match="malformed pax header"):
+        list(iter_tar_samples(data, "t.tar"))
+    with pytest.raises(CorruptShardError, match="malformed pax header"):
+        list(iter_tar_samples_stream(io.BytesIO(data), "t.tar"))
+
+
 def test_key_dot_level_splits_key_and_field() -> None:
     assert split_key("abc.extra.jpg", 1) == ("abc", "extra.jpg")
     assert split_key("dir/abc.extra.jpg", 2) == ("abc.extra", "jpg")

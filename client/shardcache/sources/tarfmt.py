@@ -67,15 +67,23 @@ def _after(previous: str | None) -> str | None:
     return None if previous is None else f"after {previous}"
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def _pax_records(data: bytes, shard: str, previous: str | None) -> dict[str, str]:
+    """The records of a pax extended header; CorruptShardError when malformed (both readers share this)."""
     records: dict[str, str] = {}
     pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        records[key.decode()] = value.decode("utf-8", "surrogateescape")
-        pos += length
+    try:
+        while pos < len(data):
+            space = data.index(b" ", pos)
+            length = int(data[pos:space])
+            if length <= space - pos:  # a record cannot be shorter than its own length field
+                raise ValueError(f"pax record length {length} at offset {pos}")
+            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+            records[key.decode()] = value.decode("utf-8", "surrogateescape")
+            pos += length
+        if "size" in records:
+            int(records["size"])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptShardError(shard, f"malformed pax header ({exc})", _after(previous)) from exc
     return records
 
 
@@ -108,10 +116,7 @@ def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
             long_name = buf[start:end].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         if kind == _PAX:
-            try:
-                pax = _pax_records(buf[start:end])
-            except ValueError as exc:
-                raise CorruptShardError(shard, "malformed pax header", _after(name)) from exc
+            pax = _pax_records(buf[start:end], shard, name)
             continue
         if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
             continue
@@ -145,7 +150,7 @@ def iter_members_stream(f: IO[bytes], shard: str) -> Iterator[tuple[str, bytes]]
             long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             continue
         if kind == _PAX:
-            pax = _pax_records(data)
+            pax = _pax_records(data, shard, name)
             continue
         if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
             continue
