@@ -13,9 +13,11 @@ from shardcache.errors import (
     ConfigError,
     CorruptShardError,
     DaemonUnavailable,
+    ResumeStateError,
     ShardcacheError,
     ShardError,
     StateError,
+    UnsupportedResume,
 )
 from shardcache.loader import TorchLoader
 from shardcache.log import get_log_level, get_logger, set_log_level, set_logger
@@ -30,11 +32,13 @@ __all__ = [
     "DaemonUnavailable",
     "DataLoadMesh",
     "Dataset",
+    "ResumeStateError",
     "RuntimeContext",
     "ShardError",
     "ShardcacheError",
     "StateError",
     "TorchLoader",
+    "UnsupportedResume",
     "__version__",
     "get_log_level",
     "get_logger",

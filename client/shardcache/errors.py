@@ -13,7 +13,9 @@ ShardcacheError
 ├── ShardError                           a shard cannot be read
 │   └── CorruptShardError                truncated or malformed shard (names the shard and member)
 ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
-└── StateError (also ValueError)         a resume state does not fit this pipeline
+├── StateError (also ValueError)         a resume state does not fit this pipeline
+│   └── ResumeStateError                 the same (mvp-dataset's name), raised where a state is refused
+└── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
 """
 
 from __future__ import annotations
@@ -114,3 +116,14 @@ class CacheError(ShardcacheError):
 
 class StateError(ShardcacheError, ValueError):
     """A resume state does not fit this pipeline."""
+
+
+class ResumeStateError(StateError):
+    """A resume state does not fit this pipeline (mvp-dataset's name for `StateError`).
+
+    `except StateError` catches it too.
+    """
+
+
+class UnsupportedResume(ShardcacheError, RuntimeError):
+    """A stage or source cannot save or restore its position; the message names it and what to do."""

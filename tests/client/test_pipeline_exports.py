@@ -19,10 +19,18 @@ def test_public_names_are_exported() -> None:
         "get_logger",
         "set_log_level",
         "get_log_level",
+        "ResumeStateError",
+        "UnsupportedResume",
+        "StateError",
     }
     assert expected <= set(shardcache.__all__)
     for name in shardcache.__all__:
         assert hasattr(shardcache, name), name
+
+
+def test_resume_state_error_is_a_state_error() -> None:
+    assert issubclass(shardcache.ResumeStateError, shardcache.StateError)
+    assert issubclass(shardcache.UnsupportedResume, shardcache.ShardcacheError)
 
 
 def test_import_does_not_load_torch_lance_or_pyarrow() -> None:
