@@ -355,3 +355,35 @@ class Dataset:
     def __repr__(self) -> str:
         stages = "".join(f".{s.describe()}" for s in self._stages)
         return f"Dataset.from_source({self._source.kind!r}, <{len(self._source.shards)} shards>){stages}"
+
+    # -- mvp-dataset 0.2.3's subsets, filter, consume and snapshot (see the modules named) ------------------
+
+    def split(self, fractions: Sequence[float]) -> tuple[Dataset, ...]:
+        """Disjoint datasets covering this one, in source order (`shardcache.subsets`)."""
+        from shardcache.subsets import split_dataset
+
+        return split_dataset(self, fractions)
+
+    def sample(self, fraction: float, *, seed: int = 0) -> Dataset:
+        """A seeded subset of `fraction` of the source, without replacement (`shardcache.subsets`)."""
+        from shardcache.subsets import sample_dataset
+
+        return sample_dataset(self, fraction, seed)
+
+    def filter(self, predicate: str | Sequence[str]) -> Dataset:
+        """Lance rows matching a SQL predicate, or any of a list of them (`shardcache.subsets`)."""
+        from shardcache.subsets import filter_dataset
+
+        return filter_dataset(self, predicate)
+
+    def consume(self, factory: Callable[[RuntimeContext], Any]) -> Any:
+        """Push every output into `factory(context)` and return its `finish()` (`shardcache.consume`)."""
+        from shardcache.consume import consume
+
+        return consume(self, factory)
+
+    def snapshot(self, fingerprint_provider: Callable[[], str] | None = None, **options: Any) -> Dataset:
+        """`.cache()` under mvp-dataset's name, optionally named by `fingerprint_provider()`."""
+        from shardcache.cache.snapshot import snapshot
+
+        return snapshot(self, fingerprint_provider, **options)

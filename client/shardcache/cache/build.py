@@ -22,13 +22,13 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shardcache.cache.codec import RowEncoder
-from shardcache.cache.identity import plan_fingerprint, validate_pre_cache
+from shardcache.cache.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
 from shardcache.cache.pipeline import iterate_part
 from shardcache.cache.store import (
     DATA,
@@ -67,8 +67,14 @@ class CacheOptions:
     cache_write_batch_size: int = 1024
     max_rows_per_fragment: int = 5000
     cache_timeout: float | None = None
+    fingerprint_provider: Callable[[], str] | None = None
 
     def __post_init__(self) -> None:
+        if self.fingerprint_provider is not None and not callable(self.fingerprint_provider):
+            raise ConfigError(
+                f"snapshot(fingerprint_provider={self.fingerprint_provider!r}): expected a callable "
+                "taking no argument and returning a non-empty string"
+            )
         for name in ("cache_num_workers", "cache_write_batch_size", "max_rows_per_fragment"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -117,12 +123,16 @@ def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any
         CacheError: Another process holds a part past the timeout, or a written dataset is incomplete.
     """
     opts = CacheOptions.coerce(options)
-    validate_pre_cache(pre.stages, warn=False)
+    provider = opts.fingerprint_provider
+    validate_pre_cache(pre.stages, warn=False, identified=provider is not None)
     if getattr(pre.source, "resample", False):
         raise ConfigError(
             ".cache() after a resampling source (resample=True) would never finish; drop resample"
         )
-    fingerprint, description = plan_fingerprint(pre.source, pre.stages)
+    if provider is not None:
+        fingerprint, description = provided_fingerprint(provider, pre.source, pre.stages)
+    else:
+        fingerprint, description = plan_fingerprint(pre.source, pre.stages)
     entry = EntryPaths(resolve_cache_root(opts.cache_dir) / fingerprint)
     if entry.dataset_complete():
         return entry.dataset_uri

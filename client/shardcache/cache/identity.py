@@ -28,12 +28,13 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
-def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True) -> None:
+def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True, identified: bool = False) -> None:
     """Check that the stages before `.cache()` can be cached; log the shuffle trade-off.
 
     Args:
         stages: The stage specs before the cache boundary (each with `.kind`).
         warn: Log a warning for each `shuffle` (off when re-checking at iteration time).
+        identified: A `fingerprint_provider` names the entry, so stage callables need no stable identity.
 
     Raises:
         ConfigError: A `batch`/`unbatch` stage, or a lambda or local closure in `map`/`assemble`.
@@ -45,6 +46,8 @@ def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True) -> None:
                 f".{kind}() before .cache() is not supported: the cache stores samples, not batches. "
                 f"Move .{kind}() after .cache()"
             )
+        if kind in ("map", "assemble") and identified:
+            continue
         if kind == "map":
             check_stable_callable(stage.fn, f"map({_name(stage.fn)})")
         elif kind == "assemble":
@@ -177,6 +180,33 @@ def plan_fingerprint(source: Any, stages: Sequence[Any]) -> tuple[str, dict[str,
         "shards": len(urls),
         "first_shard": urls[0] if urls else None,
         "stages": described,
+        "created": time.time(),
+    }
+    return fingerprinter.hexdigest(), description
+
+
+def provided_fingerprint(provider: Any, source: Any, stages: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    """The fingerprint of an entry named by `snapshot(fingerprint_provider=...)`, and its description.
+
+    The provider's string replaces the pipeline's identity: equal strings declare equal outputs, whatever
+    the source and stages (the caller's promise, as in mvp-dataset's snapshot()).
+
+    Raises:
+        ConfigError: the provider does not return a non-empty string.
+    """
+    value = provider()
+    if not isinstance(value, str) or not value:
+        raise ConfigError(
+            f"snapshot(fingerprint_provider=...) returned {value!r}: it must return a non-empty string"
+        )
+    fingerprinter = Fingerprinter()
+    fingerprinter.add(("shardcache.cache", LAYOUT_VERSION, "provided", value))
+    description = {
+        "source": source.kind,
+        "shards": len(source.shards),
+        "first_shard": source.shards[0].url if source.shards else None,
+        "stages": [stage.describe() if hasattr(stage, "describe") else stage.kind for stage in stages],
+        "fingerprint_provider": value,
         "created": time.time(),
     }
     return fingerprinter.hexdigest(), description

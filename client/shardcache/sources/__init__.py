@@ -8,6 +8,10 @@ from typing import Any
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options
+from shardcache.subsets import check_subset
+
+# Every kind takes a row/unit subset (`shardcache.subsets`, set by split() and sample()).
+SUBSET_OPTIONS = ("subset",)
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
 _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
@@ -19,7 +23,7 @@ _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
         ("resample", "columns", "batch_size", "use_threads", "on_error"),
         ".parquet",
     ),
-    "lance": ("lance", "LanceSource", ("resample", "columns", "batch_size", "shuffle_mode"), None),
+    "lance": ("lance", "LanceSource", ("resample", "columns", "batch_size", "shuffle_mode", "filter"), None),
 }
 ALIASES = {"tar": "tars"}
 KINDS = tuple(_KINDS)
@@ -41,7 +45,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
     import importlib
 
-    accepted = (*_KINDS[kind][2], *PLAN_OPTIONS)
+    accepted = (*_KINDS[kind][2], *SUBSET_OPTIONS, *PLAN_OPTIONS)
     for name in options:
         if name not in accepted:
             raise ConfigError(
@@ -53,6 +57,8 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     checker(options)
     check_plan_options(options)
     check_on_error(options)
+    if "subset" in options:
+        check_subset(options["subset"])
 
 
 def node_class(kind: str) -> type[SourceNode]:

@@ -26,6 +26,7 @@ from shardcache.shards import ShardRef
 from shardcache.sources.opener import DaemonSetting, ShardOpener
 from shardcache.sources.schedule import PLAN_OPTIONS, PlanTracker, job_id, slot_order
 from shardcache.stages.base import Node, State
+from shardcache.subsets import select_units
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class SourceNode(Node):
         return self._opener
 
     def gen(self) -> Iterator[dict[str, Any]]:
-        units = self.units()
+        # Subsets (split/sample) of unit-level kinds; shardcache.subsets documents which kinds it cuts here.
+        units = select_units(self.spec.kind, self.units(), self.spec.options.get("subset"))
         resample = self.spec.resample
         job = self.spec.options.get("job") or job_id([r.url for r in self.spec.shards], self.ctx.seed)
         tracker = self._tracker = PlanTracker(

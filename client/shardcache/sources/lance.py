@@ -6,6 +6,10 @@ shuffle_mode:
 - "random_scan": fragments are dealt to slots and scanned out of order (approximate shuffle, higher
   throughput); falls back to "global" when there are fewer fragments than slots. Its order inside a fragment
   is not deterministic, so a resume state restores the fragment and the count read, not the exact rows.
+
+Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.subsets`) are row-exact: the source first fixes
+its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
+only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
 from shardcache.sources.schedule import permutation, slot_order
+from shardcache.subsets import select
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,45 @@ def check_options(options: dict[str, Any]) -> None:
     if mode not in SHUFFLE_MODES:
         raise ConfigError(f"shuffle_mode={mode!r}: expected one of {SHUFFLE_MODES}")
     check_columns_and_batch_size(options)
+    if "filter" in options:
+        check_filter(options["filter"])
+
+
+def check_filter(value: Any) -> None:
+    """`options["filter"]`: alternatives (OR) of conjunctions (AND) of Lance SQL predicates (`filter()`)."""
+    ok = isinstance(value, tuple) and bool(value)
+    ok = ok and all(
+        isinstance(alt, tuple) and alt and all(isinstance(p, str) and p.strip() for p in alt) for alt in value
+    )
+    if not ok:
+        raise ConfigError(
+            f"filter={value!r}: expected a tuple of tuples of Lance SQL predicates; use Dataset.filter(...)"
+        )
+
+
+def filter_sql(alternative: Sequence[str]) -> str:
+    """One alternative's predicates joined with AND."""
+    return " AND ".join(f"({p})" for p in alternative)
+
+
+def _positions(ds: Any, addresses: Any) -> Any:
+    """Row addresses (fragment id << 32 | offset) as the positions `take` uses (rows after deletions)."""
+    import numpy as np
+
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    fragments = ds.get_fragments()
+    if all(f.metadata.deletion_file is None for f in fragments):
+        base = {}
+        start = 0
+        for f in fragments:
+            base[f.fragment_id] = start
+            start += f.count_rows()
+        ids = (addresses >> np.uint64(32)).astype(np.int64)
+        offsets = (addresses & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        lookup = np.array([base[int(i)] for i in np.unique(ids)], dtype=np.int64)
+        return lookup[np.searchsorted(np.unique(ids), ids)] + offsets
+    every = ds.scanner(columns=[], with_row_address=True, scan_in_order=True).to_table()["_rowaddr"]
+    return np.searchsorted(np.asarray(every.to_numpy(), dtype=np.uint64), addresses).astype(np.int64)
 
 
 def _lance() -> Any:
@@ -51,6 +95,7 @@ class LanceChunk(Unit):
 
 class LanceSource(SourceNode):
     uses_daemon = False
+    partitionable = False  # rows are planned here (shuffle_mode), not by shardcache.sources.partition
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -65,6 +110,11 @@ class LanceSource(SourceNode):
             (d, f.fragment_id) for d, ds in enumerate(self._datasets) for f in ds.get_fragments()
         ]
         self.mode = self.spec.options.get("shuffle_mode", "none")
+        self._starts = [sum(self._sizes[:d]) for d in range(len(self._sizes))]
+        self._space = self._row_space()
+        if self._space is not None and self.mode == "random_scan":
+            logger.info("lance: shuffle_mode='random_scan' over a filter or subset reads as 'global'")
+            self.mode = "global"
         if self.mode == "random_scan" and len(self._fragments) < self.ctx.total_slots:
             logger.info(
                 "lance: %d fragments for %d slots; shuffle_mode='random_scan' falls back to 'global'",
@@ -84,15 +134,23 @@ class LanceSource(SourceNode):
                 d, frag = self._fragments[f]
                 units.append(LanceChunk(refs[d], dataset=d, fragment=frag))
         elif self.mode == "global":
-            n = sum(self._sizes)
+            space = self._space
+            n = sum(self._sizes) if space is None else len(space)
             perm = permutation(n, self.ctx.seed, self.epoch, round_index)
             mine = perm[(slot + round_index) % total :: total]
-            starts = [sum(self._sizes[:d]) for d in range(len(self._sizes))]
             for i in range(0, len(mine), batch):
                 rows = mine[i : i + batch]
+                if space is not None:
+                    rows = [int(r) for r in space[rows]]
                 # One chunk per batch; rows of several datasets are looked up per dataset below.
                 units.append(LanceChunk(refs[0], rows=tuple(rows), count=len(rows), offset=-1))
-            self._starts = starts
+        elif self._space is not None:
+            space = self._space
+            part = (slot + round_index) % total
+            mine = space[part * len(space) // total : (part + 1) * len(space) // total]
+            for i in range(0, len(mine), batch):
+                picked = tuple(int(r) for r in mine[i : i + batch])
+                units.append(LanceChunk(refs[0], rows=picked, count=len(picked), offset=-1))
         else:
             n = sum(self._sizes)
             part = (slot + round_index) % total
@@ -137,6 +195,26 @@ class LanceSource(SourceNode):
             return
         table = ds.scanner(columns=cols, offset=unit.offset + start, limit=count, batch_size=batch).to_table()
         yield from decode_batch(table)
+
+    def _row_space(self) -> Any:
+        """The global row positions this source reads (filter, then subset), or None for every row."""
+        import numpy as np
+
+        alternatives = self.spec.options.get("filter")
+        subset = self.spec.options.get("subset")
+        if alternatives is None and subset is None:
+            return None
+        if alternatives is None:
+            space = np.arange(sum(self._sizes), dtype=np.int64)
+        else:
+            found = []
+            for d, ds in enumerate(self._datasets):
+                for alternative in alternatives:
+                    scanner = ds.scanner(filter=filter_sql(alternative), columns=[], with_row_address=True)
+                    addresses = scanner.to_table()["_rowaddr"].to_numpy()
+                    found.append(_positions(ds, addresses) + self._starts[d])
+            space = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+        return space[select(np.ones(len(space), dtype=np.int64), subset)] if subset else space
 
     def _take(self, rows: Sequence[int], cols: list[str] | None) -> Iterator[dict[str, Any]]:
         from shardcache.cache.codec import decode_batch

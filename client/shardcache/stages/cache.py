@@ -25,4 +25,8 @@ class CacheStage:
         raise ConfigError("a cache stage is resolved by Dataset iteration, not built as a node")
 
     def describe(self) -> str:
-        return f"cache({sorted(self.options.items())})"
+        from shardcache.stages.map import callable_name
+
+        # Callables (snapshot's fingerprint_provider) by name: their repr holds an address.
+        shown = [(k, callable_name(v) if callable(v) else v) for k, v in sorted(self.options.items())]
+        return f"cache({shown})"

@@ -1,0 +1,254 @@
+"""`split` and `sample`: deterministic subsets of a source, chosen over its list of units.
+
+A subset is a small hashable description kept in the source's options (``options["subset"]``), so it is part
+of the pipeline's fingerprint: a tuple of steps applied in order, each over what the previous kept.
+
+- ``("split", fractions, index)``: part `index` of a partition in source order. Fractions are normalised
+  (``[8, 2]`` is ``[0.8, 0.2]``); the parts are disjoint and together cover the source.
+- ``("sample", fraction, seed)``: a seeded random subset, without replacement, kept in source order.
+
+What a unit is depends on the source, as in mvp-dataset: a row for lance (row-exact: ``split([0.8, 0.2])``
+of 10 rows keeps exactly 8 and 2, ``sample(f)`` keeps exactly ``round(f * rows)``), a row group for parquet
+(weighted by its row count), a whole shard for tars and jsonl (the fractions are then approximate). Membership
+depends only on the source and the steps, never on the ranks, workers, epoch or shuffle seed, so every slot
+agrees and a resampled subset keeps its members in every round.
+
+Everything here is pure: `select` maps unit sizes to the indices kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardcache.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shardcache.dataset import Dataset
+
+Step = tuple[Any, ...]
+Subset = tuple[Step, ...]
+
+# Kinds whose unit is a whole shard: their subsets are cut from the shard list when split()/sample() is
+# called (`select_shards`), so the readers' unit lists (which may depend on the slot count) are untouched.
+SHARD_LEVEL = frozenset({"tars", "jsonl"})
+ROW_LEVEL = frozenset({"lance"})
+
+_TAG = int(hashlib.sha256(b"shardcache.subset").hexdigest(), 16) % (2**32)
+
+
+def normalize_fractions(fractions: Any) -> tuple[float, ...]:
+    """Fractions scaled to sum to 1; ConfigError for an empty list or a non-positive or non-finite value."""
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence) or not fractions:
+        raise ConfigError(
+            f"fractions={fractions!r}: expected a non-empty list of positive numbers, e.g. [0.8, 0.2]"
+        )
+    values: list[float] = []
+    for value in fractions:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ConfigError(
+                f"fractions={list(fractions)!r}: every fraction must be a positive finite number"
+            )
+        values.append(float(value))
+    total = sum(values)
+    return tuple(v / total for v in values)
+
+
+def split_step(fractions: Any, index: int) -> Step:
+    """The step keeping part `index` of a split by `fractions`."""
+    return ("split", normalize_fractions(fractions), index)
+
+
+def sample_step(fraction: Any, seed: Any) -> Step:
+    """The step keeping a `fraction` in (0, 1] of the units, chosen from `seed`."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError(
+            f"fraction={fraction!r}: expected a number in (0, 1] (sampling is without replacement)"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed={seed!r}: expected an int")
+    return ("sample", float(fraction), seed)
+
+
+def check_subset(subset: Any) -> None:
+    """Validate an ``options["subset"]`` value (as built by `split_step`/`sample_step`)."""
+    if not isinstance(subset, tuple) or not subset:
+        raise ConfigError(
+            f"subset={subset!r}: expected a tuple of split/sample steps (use split() or sample())"
+        )
+    for step in subset:
+        if isinstance(step, tuple) and len(step) == 3 and step[0] == "split":
+            fractions = normalize_fractions(step[1])
+            if isinstance(step[2], bool) or not isinstance(step[2], int) or not 0 <= step[2] < len(fractions):
+                raise ConfigError(f"subset step {step!r}: the part index is out of range")
+        elif isinstance(step, tuple) and len(step) == 3 and step[0] == "sample":
+            sample_step(step[1], step[2])
+        else:
+            raise ConfigError(
+                f"subset step {step!r}: expected ('split', fractions, index) or ('sample', f, seed)"
+            )
+
+
+def _split(sizes: np.ndarray, fractions: Sequence[float], index: int) -> np.ndarray:
+    # Part k holds the units whose weight midpoint falls in [round(c_k * W), round(c_{k+1} * W)), c_k the
+    # cumulative fractions: with unit weights this is exactly rows [round(c_k * n), round(c_{k+1} * n)).
+    total = float(sizes.sum())
+    bounds = np.cumsum((0.0, *fractions))
+    lo, hi = round(bounds[index] * total), round(bounds[index + 1] * total)
+    if index == len(fractions) - 1:
+        hi = math.inf
+    starts = np.cumsum(sizes) - sizes
+    mid = starts + sizes / 2.0
+    return np.flatnonzero((mid >= lo) & (mid < hi))
+
+
+def _sample(sizes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    # A seeded permutation of the units; keep its shortest prefix holding round(fraction * total weight).
+    order = np.random.default_rng([_TAG, seed % (2**32)]).permutation(len(sizes))
+    target = round(fraction * float(sizes.sum()))
+    if target <= 0:
+        return np.zeros(0, dtype=np.int64)
+    reached = np.cumsum(sizes[order]) >= target
+    count = int(np.argmax(reached)) + 1 if reached.any() else len(order)
+    return np.sort(order[:count])
+
+
+def select(sizes: Sequence[int] | np.ndarray, subset: Subset | None) -> np.ndarray:
+    """The indices of the units a subset keeps, ascending (source order).
+
+    Args:
+        sizes: One weight per unit, in source order: 1 per row (lance), the row group's row count
+            (parquet), 1 per shard (tars, jsonl).
+        subset: The steps (``options["subset"]``); None keeps every unit.
+
+    Example:
+        >>> select([1] * 10, (("split", (0.8, 0.2), 1),)).tolist()
+        [8, 9]
+    """
+    kept = np.arange(len(sizes), dtype=np.int64)
+    if not subset:
+        return kept
+    weights = np.asarray(sizes, dtype=np.float64)
+    for step in subset:
+        if step[0] == "split":
+            local = _split(weights[kept], step[1], step[2])
+        else:
+            local = _sample(weights[kept], step[1], step[2])
+        kept = kept[local]
+    return kept
+
+
+def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list[Any]:
+    """The units of a source a subset keeps (the reader-side hook, for unit lists built at iteration).
+
+    Parquet row groups are weighted by their row count (`Unit.count`). Shard-level kinds (tars, jsonl) were
+    already cut when split()/sample() was called and lance selects rows itself, so both pass through.
+
+    Raises:
+        ConfigError: the subset keeps no unit (name the source's kind and what to change).
+    """
+    if not subset or kind in SHARD_LEVEL or kind in ROW_LEVEL:
+        return list(units)
+    sizes = [1 if getattr(u, "count", None) is None else int(u.count) for u in units]
+    kept = [units[i] for i in select(sizes, subset)]
+    if units and not kept:
+        raise ConfigError(
+            f"{kind}: the subset {describe_subset(subset)} keeps none of the {len(units)} row groups; "
+            "use a larger fraction or write smaller row groups"
+        )
+    return kept
+
+
+def select_shards(kind: str, shards: Sequence[Any], step: Step) -> tuple[Any, ...]:
+    """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard."""
+    kept = tuple(shards[i] for i in select([1] * len(shards), (step,)))
+    if not kept:
+        raise ConfigError(
+            f"{kind}: {describe_subset((step,))} keeps none of the {len(shards)} shards (a {kind} subset is "
+            "whole shards); use a larger fraction or more, smaller shards"
+        )
+    return kept
+
+
+def describe_subset(subset: Subset) -> str:
+    """A short human form, e.g. ``split([0.8, 0.2])[1].sample(0.1, seed=0)``."""
+    parts = []
+    for step in subset:
+        if step[0] == "split":
+            parts.append(f"split({[round(f, 6) for f in step[1]]})[{step[2]}]")
+        else:
+            parts.append(f"sample({step[1]}, seed={step[2]})")
+    return ".".join(parts)
+
+
+# -- the Dataset methods (thin wrappers in `Dataset` call these) ------------------------------------------
+
+
+def _derive(dataset: Dataset, step: Step, what: str) -> Dataset:
+    from shardcache.dataset import Dataset
+    from shardcache.sources import KINDS
+
+    source = dataset.source
+    if source.kind not in KINDS:
+        raise ConfigError(
+            f"{what}: a mixed dataset cannot be split or sampled; {what.split('(')[0]} each dataset before "
+            "mixing it"
+        )
+    if any(stage.kind == "cache" for stage in dataset.stages):
+        raise ConfigError(f"{what}: call it before .cache()/.snapshot(), on the dataset being cached")
+    shards = source.shards
+    if source.kind in SHARD_LEVEL:
+        shards = select_shards(source.kind, shards, step)
+    subset = (*source.options.get("subset", ()), step)
+    spec = replace(source, shards=tuple(shards), options={**source.options, "subset": subset})
+    return Dataset(spec, dataset.stages, epoch=dataset.epoch)
+
+
+def split_dataset(dataset: Dataset, fractions: Any) -> tuple[Dataset, ...]:
+    """`Dataset.split`: one dataset per fraction, disjoint, together covering `dataset`'s source."""
+    parts = normalize_fractions(fractions)
+    return tuple(_derive(dataset, ("split", parts, i), f"split({fractions!r})") for i in range(len(parts)))
+
+
+def sample_dataset(dataset: Dataset, fraction: Any, seed: Any = 0) -> Dataset:
+    """`Dataset.sample`: a seeded subset of about `fraction` of the source (exact for lance)."""
+    return _derive(dataset, sample_step(fraction, seed), f"sample({fraction!r}, seed={seed!r})")
+
+
+def filter_dataset(dataset: Dataset, predicate: str | Sequence[str]) -> Dataset:
+    """`Dataset.filter`: keep the lance rows matching a predicate (a list: matching any of them)."""
+    from shardcache.dataset import Dataset
+
+    alternatives = (predicate,) if isinstance(predicate, str) else tuple(predicate)
+    if not alternatives or not all(isinstance(p, str) and p.strip() for p in alternatives):
+        raise ConfigError(
+            f"filter({predicate!r}): expected a Lance SQL predicate or a non-empty list of them"
+        )
+    source = dataset.source
+    if source.kind != "lance":
+        raise ConfigError(
+            f"filter({predicate!r}): only the lance source filters rows (this dataset reads "
+            f"{source.kind!r}); use .map() and skip samples downstream instead"
+        )
+    if dataset.stages or "subset" in source.options:
+        raise ConfigError(
+            f"filter({predicate!r}): call filter() right after from_source('lance', ...), before stages, "
+            "split() and sample()"
+        )
+    previous = source.options.get("filter")
+    if previous is None:
+        combined = tuple((p,) for p in alternatives)
+    else:  # filter(a).filter(b): every earlier alternative AND every new one
+        combined = tuple((*alt, p) for alt in previous for p in alternatives)
+    spec = replace(source, options={**source.options, "filter": combined})
+    return Dataset(spec, dataset.stages, epoch=dataset.epoch)
