@@ -1,0 +1,156 @@
+"""Why a resume state does not fit: name the source or stage, and the argument, that differ.
+
+A state carries one short description per part of its pipeline (`short_descriptions`): the source as its
+kind, options, shard count and a hash of its URL list (the full list would make states large), then each
+stage's own `describe()`. When fingerprints differ, `describe_mismatch(saved, current)` compares the two
+lists and says what changed, e.g. ``stage 2 shuffle(): buffer_size differs (saved 7, now 8)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+# Argument names of the positional stage descriptions (`Stage.describe()`), for the messages.
+_STAGE_ARGS: dict[str, tuple[str, ...]] = {
+    "map": ("fn",),
+    "select": ("fields",),
+    "shuffle": ("buffer_size", "initial", "seed"),
+    "assemble": ("factory", "drop_last"),
+    "batch": ("batch_size", "drop_last", "collate_fn"),
+    "balance": (
+        "drop_last",
+        "dummy_factory",
+        "buffer_size",
+        "chunk_size",
+        "max_transfer_per_round",
+        "topology",
+    ),
+}
+_LONG = 64
+
+
+def _short(value: str) -> str:
+    if len(value) <= _LONG:
+        return value
+    return f"<{len(value)} chars sha256:{hashlib.sha256(value.encode()).hexdigest()[:12]}>"
+
+
+def source_description(description: str) -> str:
+    """A source's `describe()` made short: options (long values hashed), shard count, URL-list hash."""
+    head, _, urls = description.partition("\n")
+    name, _, rest = head.partition("(")
+    args = _split_args(rest[:-1] if rest.endswith(")") else rest)
+    options = ",".join(_short(a) for a in args)
+    listed = [u for u in urls.split("\n") if u]
+    digest = hashlib.sha256(urls.encode()).hexdigest()[:12]
+    return f"{name}({options}) shards={len(listed)} urls={digest}"
+
+
+def short_descriptions(source_description_text: str, stage_descriptions: Sequence[str]) -> list[str]:
+    """What a state stores: the short source description, then each stage's description (long ones hashed).
+
+    Args:
+        source_description_text: `SourceSpec.describe()`.
+        stage_descriptions: `Stage.describe()` of each stage, in order.
+    """
+    return [source_description(source_description_text), *(_short(d) for d in stage_descriptions)]
+
+
+def _split_args(text: str) -> list[str]:
+    """Top-level comma-separated parts of an argument list (brackets and quotes respected)."""
+    parts: list[str] = []
+    depth, quote, start = 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if text[start:]:
+        parts.append(text[start:])
+    return parts
+
+
+def _parse(description: str) -> tuple[str, list[str], str]:
+    """(name, arguments, trailer) of 'name(a,b) trailer'."""
+    name, _, rest = description.partition("(")
+    depth = 1
+    for i, ch in enumerate(rest):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return name, _split_args(rest[:i]), rest[i + 1 :].strip()
+    return name, _split_args(rest), ""
+
+
+def _named(kind: str, args: list[str], source: bool) -> dict[str, str]:
+    if source:
+        return {a.partition("=")[0]: a.partition("=")[2] for a in args}
+    names = _STAGE_ARGS.get(kind, ())
+    return {names[i] if i < len(names) else f"argument {i + 1}": a for i, a in enumerate(args)}
+
+
+def _differences(saved: str, current: str, source: bool) -> list[str]:
+    kind, saved_args, saved_tail = _parse(saved)
+    now_kind, now_args, now_tail = _parse(current)
+    if kind != now_kind:
+        return [f"was {kind}(), now {now_kind}()"]
+    before, after = _named(kind, saved_args, source), _named(kind, now_args, source)
+    out = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        if before.get(name) != after.get(name):
+            out.append(f"{name} differs (saved {before.get(name, 'unset')}, now {after.get(name, 'unset')})")
+    if saved_tail != now_tail:
+        fields = dict(p.split("=", 1) for p in saved_tail.split() if "=" in p)
+        now = dict(p.split("=", 1) for p in now_tail.split() if "=" in p)
+        if fields.get("shards") != now.get("shards"):
+            out.append(
+                f"the shard list differs (saved {fields.get('shards')} shards, now {now.get('shards')})"
+            )
+        else:
+            out.append(f"the shard URLs differ (same count, {fields.get('shards')})")
+    return out or [f"saved {saved!r}, now {current!r}"]
+
+
+def describe_mismatch(saved: Sequence[str], current: Sequence[str]) -> str:
+    """What differs between the pipeline a state was taken from and this one, naming stage and argument.
+
+    Args:
+        saved: The state's per-part descriptions (`short_descriptions` when the state was taken).
+        current: The same for this pipeline.
+
+    Example:
+        >>> describe_mismatch(["tars() shards=2 urls=ab", "shuffle(7,None,None)"],
+        ...                   ["tars() shards=2 urls=ab", "shuffle(8,None,None)"])
+        'stage 1 shuffle(): buffer_size differs (saved 7, now 8)'
+    """
+    problems: list[str] = []
+    for i, (old, new) in enumerate(zip(saved, current, strict=False)):
+        if old == new:
+            continue
+        where = "the source" if i == 0 else f"stage {i} {_parse(new)[0]}()"
+        problems += [f"{where}: {d}" for d in _differences(old, new, source=i == 0)]
+    if len(saved) > len(current):
+        dropped = ", ".join(_parse(d)[0] + "()" for d in saved[len(current) :])
+        problems.append(f"the state's pipeline has {len(saved) - len(current)} more stage(s): {dropped}")
+    elif len(current) > len(saved):
+        added = ", ".join(_parse(d)[0] + "()" for d in current[len(saved) :])
+        problems.append(f"this pipeline has {len(current) - len(saved)} more stage(s): {added}")
+    return "; ".join(problems) if problems else "the pipelines describe the same (the fingerprints differ)"
+
+
+def mismatch_message(state: Any, current: Sequence[str]) -> str:
+    """The refusal's detail for a state that may or may not carry descriptions (older states do not)."""
+    saved = state.get("stages") if isinstance(state, dict) else None
+    if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
+        return "the state carries no stage descriptions (taken by an older version)"
+    return describe_mismatch(saved, current)
