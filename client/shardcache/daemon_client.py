@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import urllib.parse
@@ -17,7 +16,15 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Any, BinaryIO, Literal, cast
 
 from shardcache import protocol
-from shardcache.errors import ConfigError, DaemonUnavailable, RemoteNotFound
+from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover, rediscover
+from shardcache.errors import (
+    ConfigError,
+    DaemonError,
+    DaemonRequestError,
+    DaemonUnavailable,
+    InsufficientCapacity,
+    RemoteNotFound,
+)
 from shardcache.transport import Response, Transport
 
 logger = logging.getLogger(__name__)
@@ -27,21 +34,36 @@ _HANDOFFS = ("auto", "path", "stream")
 _V1 = protocol.API_PREFIX
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
+DEFAULT_RESTART_WAIT_S = 30.0
+# While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.
+_PROBE_FIRST_S, _PROBE_MAX_S = 0.05, 0.5
+SIZING_RULE = (
+    "size the cache (shardcached --capacity) for at least concurrent readers x largest shard x "
+    "(prefetch depth + 1); see 'Sizing the cache' in docs/deploy.md"
+)
 
 
 class DaemonClient:
     """A connection to the node's `shardcached`, safe to share across threads and to copy into workers.
 
     Args:
-        socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the platform default
-            (`protocol.default_socket_path()`).
-        required: raise `DaemonUnavailable` when no daemon answers, instead of reading shards directly.
+        socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the system daemon's socket
+            when it exists, else the per-user one (see `shardcache.discovery`).
+        required: raise `DaemonUnavailable` when no daemon answers (after `restart_wait_s`), instead of
+            reading shards directly; and raise `InsufficientCapacity` for a shard the cache cannot hold
+            instead of reading it directly.
         timeout: seconds one request may take; an open that misses waits for the whole download.
         handoff: how a shard's bytes reach the reader: "auto" opens the local path the daemon hands over and
             streams `GET /v1/shards/data` when that path is not visible (another mount namespace); "path"
             only opens the path; "stream" always streams.
         reprobe_interval: while no daemon answers, seconds between attempts to reach it again, so a
             restarted daemon is picked up without a failed connect on every open.
+        restart_wait_s: how long an open waits for a daemon that is restarting (it answered 503
+            shutting_down, or its socket went away after it answered) before giving up: then a `required`
+            client raises `DaemonUnavailable` and an `auto` one reads directly. A `required` client also
+            waits this long for a daemon it has not reached yet. 0 never waits.
+        system_socket: the system daemon's socket searched when `socket` and `SHARDCACHE_SOCKET` are
+            unset (for tests; default `/run/shardcache/shardcache.sock`).
 
     Example:
         >>> with DaemonClient() as client, client.open("s3://bucket/shard_000000.tar") as f:  # doctest: +SKIP
@@ -56,16 +78,23 @@ class DaemonClient:
         timeout: float = 600.0,
         handoff: Handoff = "auto",
         reprobe_interval: float = 5.0,
+        restart_wait_s: float = DEFAULT_RESTART_WAIT_S,
+        system_socket: str = SYSTEM_SOCKET,
     ) -> None:
         if handoff not in _HANDOFFS:
             raise ConfigError(f"handoff={handoff!r} is not one of {', '.join(map(repr, _HANDOFFS))}")
         if timeout <= 0:
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
-        self.socket = socket or os.environ.get(protocol.SOCKET_ENV) or protocol.default_socket_path()
+        if restart_wait_s < 0:
+            raise ConfigError(f"restart_wait_s={restart_wait_s!r} must be a number of seconds >= 0")
+        self.discovery: Discovery = discover(socket, system_socket)
+        self.socket = self.discovery.socket
+        self.system_socket = system_socket
         self.required = required
         self.timeout = timeout
         self.handoff: Handoff = handoff
         self.reprobe_interval = reprobe_interval
+        self.restart_wait_s = restart_wait_s
         self._setup()
 
     def _setup(self) -> None:
@@ -73,12 +102,24 @@ class DaemonClient:
         self._state_lock = threading.Lock()
         # Monotonic time of the last failed attempt to reach the daemon; None while it answers.
         self._down_at: float | None = None
+        # Whether a daemon answered this client (in this process): a failure after that is a restart.
+        self._seen_up = False
         self._warned_path = False
+        self._warned_capacity = False
 
     # -- pickling: DataLoader workers get a copy without the parent's sockets and locks --------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("socket", "required", "timeout", "handoff", "reprobe_interval")
+        keep = (
+            "discovery",
+            "socket",
+            "system_socket",
+            "required",
+            "timeout",
+            "handoff",
+            "reprobe_interval",
+            "restart_wait_s",
+        )
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -107,9 +148,11 @@ class DaemonClient:
             checksum: the expected checksum, `"<algo>:<hex>"`, checked by the daemon after a download.
 
         Raises:
-            DaemonUnavailable: no daemon answers and `required=True`.
-            NotAllowed, RemoteNotFound, RemoteFailed, InsufficientCapacity, BadRequest: the daemon refused;
-                the message names the URL.
+            DaemonUnavailable: no daemon answers (within `restart_wait_s`) and `required=True`.
+            InsufficientCapacity: the cache cannot hold the shard and `required=True` (an `auto` client
+                reads it directly).
+            NotAllowed, RemoteNotFound, RemoteFailed, BadRequest: the daemon refused; the message names the
+                URL.
         """
         grant = self._acquire(url, plan, size, checksum)
         if grant is None:
@@ -126,8 +169,6 @@ class DaemonClient:
 
     def _acquire(self, url: str, plan: str | None, size: int | None, checksum: str | None) -> Any:
         """Ask the daemon for the shard; the grant's JSON (`path`, `lease`, ...), or None to read directly."""
-        if self._skip_daemon():
-            return None
         body: dict[str, Any] = {"url": url}
         if plan is not None:
             body["plan"] = plan
@@ -136,12 +177,103 @@ class DaemonClient:
         if checksum is not None:
             body["checksum"] = checksum
         try:
-            answer = self._transport.request("POST", f"{_V1}/shards/open", body)
-        except DaemonUnavailable as exc:
-            self._went_down(exc)
+            return self._through_restarts("POST", f"{_V1}/shards/open", body, url)
+        except InsufficientCapacity as exc:
+            return self._cannot_fit(url, exc)
+
+    def _through_restarts(self, method: str, path: str, body: Any, url: str | None) -> Any:
+        """One request's JSON answer, waiting out a daemon restart; None: go on without the daemon.
+
+        A daemon that answers 503 shutting_down, or whose socket goes away after it answered, is being
+        restarted (systemd, a DaemonSet rolling update): the request is sent again once its socket answers,
+        for up to `restart_wait_s`. Past that a `required` client raises `DaemonUnavailable`; an `auto`
+        client returns None (read directly) and re-probes every `reprobe_interval`.
+        """
+        if self._skip_daemon():
             return None
-        self._came_up()
-        return answer.raise_for_status(url).json()
+        if self._down_at is not None:
+            self._rediscover()
+        deadline: float | None = None
+        delay = _PROBE_FIRST_S
+        while True:
+            try:
+                answer = self._transport.request(method, path, body)
+            except DaemonUnavailable as exc:
+                failure: DaemonError = exc
+            else:
+                self._came_up()
+                try:
+                    return answer.raise_for_status(url).json()
+                except DaemonRequestError as exc:
+                    if not _shutting_down(exc):
+                        raise
+                    failure = exc
+            if deadline is None:
+                if not self._waits_for_restart(failure):
+                    self._went_down(failure)
+                    return None
+                logger.info(
+                    "%s; waiting up to %gs for shardcached to come back", failure, self.restart_wait_s
+                )
+                deadline = time.monotonic() + self.restart_wait_s
+            if not self._wait_for_daemon(deadline, delay):
+                self._gave_up(failure)
+                return None
+            delay = min(delay * 2, _PROBE_MAX_S)
+
+    def _waits_for_restart(self, failure: DaemonError) -> bool:
+        """Whether a failed request is worth waiting on (see `restart_wait_s`)."""
+        if self.restart_wait_s <= 0:
+            return False
+        if isinstance(failure, DaemonRequestError):  # 503 shutting_down: it says it is restarting
+            return True
+        return self.required or (self._seen_up and self._down_at is None)
+
+    def _wait_for_daemon(self, deadline: float, delay: float) -> bool:
+        """Probe the socket until the daemon answers its health check (True) or the deadline passes."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(delay, remaining))  # pacing the probes of a restarting daemon
+            try:
+                if (
+                    self._transport.probe(f"{_V1}/health", timeout=min(2.0, max(remaining, 0.1))).status
+                    == 200
+                ):
+                    return True
+            except DaemonUnavailable:
+                pass
+            delay = min(delay * 2, _PROBE_MAX_S)
+
+    def _gave_up(self, failure: DaemonError) -> None:
+        """The daemon did not come back within `restart_wait_s`: raise (required) or read directly."""
+        reason = f"it did not come back within {self.restart_wait_s:g}s (restart_wait_s) after: {failure}"
+        self._went_down(DaemonUnavailable(self.socket, reason))
+
+    def _cannot_fit(self, url: str, exc: InsufficientCapacity) -> None:
+        """A shard the cache cannot hold (507): read it directly (`auto`), or say how to size the cache."""
+        if self.required:
+            raise InsufficientCapacity(
+                exc.status,
+                exc.code,
+                (
+                    f'{exc.detail}. To fix: {SIZING_RULE}, or use daemon="auto" to read shards that do '
+                    "not fit directly"
+                ),
+                url,
+            ) from exc
+        if not self._warned_capacity:
+            self._warned_capacity = True
+            logger.warning(
+                "%s; reading it (and any other shard that does not fit) directly, without the node cache. "
+                "To cache such shards, %s",
+                exc,
+                SIZING_RULE,
+            )
+        else:
+            logger.debug("%s; reading it directly", exc)
+        return None
 
     def _open_granted(self, url: str, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
         if self.handoff != "stream":
@@ -228,7 +360,15 @@ class DaemonClient:
             return False
         return time.monotonic() - down_at < self.reprobe_interval
 
-    def _went_down(self, exc: DaemonUnavailable) -> None:
+    def _rediscover(self) -> None:
+        """Search the sockets again (the daemon may have started at another of them; see discovery)."""
+        found = rediscover(self.discovery, self.system_socket)
+        if found.socket != self.socket:
+            logger.info("shardcached socket found at %s (was %s)", found.socket, self.socket)
+            self.discovery, self.socket = found, found.socket
+            self._transport.socket_path = found.socket
+
+    def _went_down(self, exc: DaemonError) -> None:
         if self.required:
             raise exc
         with self._state_lock:
@@ -236,12 +376,14 @@ class DaemonClient:
             self._down_at = time.monotonic()
         if first:
             logger.warning(
-                "%s; reading shards directly (no node cache) until it answers again. Pass required=True "
-                "to make this an error.",
+                "%s (sockets tried: %s); reading shards directly (no node cache) until it answers again. "
+                'Pass daemon="required" to make this an error.',
                 exc,
+                self.discovery.describe(),
             )
 
     def _came_up(self) -> None:
+        self._seen_up = True
         if self._down_at is not None:
             with self._state_lock:
                 was_down, self._down_at = self._down_at is not None, None
@@ -272,13 +414,9 @@ class DaemonClient:
             DaemonUnavailable: no daemon answers and `required=True`.
             BadRequest: the daemon rejected the plan.
         """
-        if self._skip_daemon():
-            return None
         body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
-        try:
-            answer = self._call("POST", f"{_V1}/plans", body)
-        except DaemonUnavailable as exc:
-            self._went_down(exc)
+        answer = self._through_restarts("POST", f"{_V1}/plans", body, None)
+        if answer is None:
             return None
         return str(protocol.PlanResponse.model_validate(answer).plan)
 
@@ -345,6 +483,11 @@ class _CountingTransport(Transport):
         if conn is not before:
             self.connects += 1
         return conn
+
+
+def _shutting_down(exc: DaemonRequestError) -> bool:
+    """A 503 the daemon sends while it stops (SIGTERM): a restart, not a refusal."""
+    return exc.status == 503 and exc.code == "shutting_down"
 
 
 def _quote(value: str) -> str:

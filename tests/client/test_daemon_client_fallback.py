@@ -51,7 +51,7 @@ def test_no_daemon_reads_s3_urls_with_fsspec(missing_socket: str, make_bucket) -
 
 
 def test_required_client_raises_daemon_unavailable_naming_the_socket(missing_socket: str) -> None:
-    with DaemonClient(missing_socket, required=True) as client:
+    with DaemonClient(missing_socket, required=True, restart_wait_s=0.2) as client:
         with pytest.raises(DaemonUnavailable, match=missing_socket):
             with client.open("/data/shard.tar"):
                 pass
