@@ -8,6 +8,7 @@ from __future__ import annotations
 from shardcache.context import DataLoadMesh, RuntimeContext
 from shardcache.daemon_client import DaemonClient
 from shardcache.dataset import Dataset
+from shardcache.elastic import merge_states
 from shardcache.errors import (
     CacheError,
     ConfigError,
@@ -42,6 +43,7 @@ __all__ = [
     "__version__",
     "get_log_level",
     "get_logger",
+    "merge_states",
     "set_log_level",
     "set_logger",
 ]

@@ -2,10 +2,19 @@
 
 `RuntimeContext.slot` / `total_slots` decide which shards a reader gets. With a `DataLoadMesh` the slot
 comes from the data-parallel rank only, so tensor-parallel co-members read identical data.
+
+Nodes: `local_world_size` ranks share a node (torchrun's LOCAL_WORLD_SIZE), so rank r runs on node
+r // local_world_size. Node placement (`shardcache.sources.partition`) gives each node a fixed share of the
+data so its daemon's cache keeps serving it; it groups data-parallel ranks, not global ranks: the data
+"node groups" are gcd(num_nodes, dp_size) contiguous blocks of dp ranks. With the usual mesh (dp outer,
+tensor/pipeline parallel inside a node) that is exactly one group per node. When a model-parallel group
+spans nodes, several nodes serve one data-parallel rank: they form one group, read the same shards and
+each caches them (its daemon still keeps them across epochs).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -114,6 +123,7 @@ class RuntimeContext:
         seed: Base seed of every shuffle.
         epoch: Epoch; shard orders and shuffles are deterministic from (seed, epoch).
         mesh: Optional data-parallel mesh; slots then count data-parallel ranks only.
+        local_world_size: Ranks per node (None: all ranks on one node). torchrun's LOCAL_WORLD_SIZE.
     """
 
     rank: int = 0
@@ -123,6 +133,7 @@ class RuntimeContext:
     seed: int = 0
     epoch: int = 0
     mesh: DataLoadMesh | None = None
+    local_world_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -139,6 +150,32 @@ class RuntimeContext:
             )
         if self.epoch < 0:
             raise ConfigError(f"RuntimeContext(epoch={self.epoch}): must be >= 0")
+        lws = self.local_world_size
+        if lws is not None and (lws < 1 or self.world_size % lws):
+            raise ConfigError(
+                f"RuntimeContext(local_world_size={lws}): must be >= 1 and divide world_size="
+                f"{self.world_size} (ranks per node; every node runs the same number of ranks)"
+            )
+
+    @property
+    def node(self) -> int:
+        """The node this rank runs on: rank // local_world_size."""
+        return self.rank // (self.local_world_size or self.world_size)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes: world_size // local_world_size (1 when local_world_size is not set)."""
+        return self.world_size // (self.local_world_size or self.world_size)
+
+    @property
+    def node_groups(self) -> int:
+        """Groups of data-parallel ranks that node placement gives one fixed share each (see the module)."""
+        return math.gcd(self.num_nodes, self.dp_size)
+
+    @property
+    def node_group(self) -> int:
+        """This reader's node group: its data-parallel rank's block (see `node_groups`)."""
+        return self.dp_rank // (self.dp_size // self.node_groups)
 
     @property
     def dp_rank(self) -> int:
@@ -191,7 +228,8 @@ class RuntimeContext:
         device_mesh: Any = None,
         dp_dims: str | Sequence[str] | None = None,
     ) -> RuntimeContext:
-        """A context from torch.distributed and worker info, else RANK, WORLD_SIZE, WORKER, NUM_WORKERS.
+        """A context from torch.distributed and worker info, else RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, WORKER,
+        NUM_WORKERS.
 
         Args:
             base: Inherit seed, epoch and mesh from this context.
@@ -217,6 +255,7 @@ class RuntimeContext:
         source = os.environ if env is None else env
         rank = _env_int(source, "RANK", 0)
         world_size = _env_int(source, "WORLD_SIZE", 1)
+        local_world_size: int | None = _env_int(source, "LOCAL_WORLD_SIZE", 0) or None
         worker_id = _env_int(source, "WORKER", 0)
         num_workers = _env_int(source, "NUM_WORKERS", 1)
         if prefer_torch:
@@ -226,4 +265,8 @@ class RuntimeContext:
             info = _torch_worker_info()
             if info is not None:
                 worker_id, num_workers = info
-        return cls(rank, world_size, worker_id, num_workers, seed, epoch, mesh)
+        if base is not None and base.local_world_size is not None:
+            local_world_size = base.local_world_size
+        if local_world_size is not None and world_size % local_world_size:
+            local_world_size = None  # an inconsistent environment: treat the job as one node
+        return cls(rank, world_size, worker_id, num_workers, seed, epoch, mesh, local_world_size)

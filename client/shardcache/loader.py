@@ -235,7 +235,14 @@ class TorchLoader:
             StateError: a state of another version, pipeline, batching or stage list, or taken with another
                 num_workers or data-parallel layout.
         """
-        self._check_state(state, self.dataset.resolve_context())
+        from shardcache.elastic import check_merged, is_merged
+
+        if is_merged(state):
+            if state.get("of") != "torch_loader":
+                raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
+            check_merged(state, self.fingerprint())
+        else:
+            self._check_state(state, self.dataset.resolve_context())
         self._runtime.pending = state
 
     def _header(self, ctx: RuntimeContext) -> dict[str, Any]:
@@ -246,6 +253,7 @@ class TorchLoader:
             "num_workers": self.num_workers,
             "dp_rank": ctx.dp_rank,
             "dp_size": ctx.dp_size,
+            "node_groups": ctx.node_groups,
             "epoch": ctx.epoch,
         }
 
@@ -275,6 +283,47 @@ class TorchLoader:
         if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
             raise StateError("TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated")
 
+    def _from_merged(
+        self, merged: dict[str, Any], ctx: RuntimeContext
+    ) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
+        """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
+        from shardcache.elastic import elastic_state, origin_of, source_position
+
+        states = merged["states"]
+        first = states[0]
+        unchanged = (first.get("dp_size"), first.get("num_workers"), first.get("node_groups")) == (
+            ctx.dp_size,
+            self.num_workers,
+            ctx.node_groups,
+        )
+        if unchanged:
+            return states[ctx.dp_rank], {}, int(merged["epoch"])
+        entries: list[tuple[int, dict[str, Any] | None, bool]] = []
+        for state in states:
+            merge = state["pipeline"]
+            for stage in reversed(self.stages):
+                if stage.kind not in ("map", "batch"):
+                    from shardcache.errors import UnsupportedResume
+
+                    raise UnsupportedResume(
+                        "an elastic resume (another number of nodes, ranks or workers) cannot go through the "
+                        f"loader-side .{stage.describe()}: it holds items back. Resume on the same topology "
+                        "with each rank's own state, or keep only map and batch stages on the loader"
+                    )
+                merge = merge["up"]
+            streams = max(1, int(state["num_workers"]))
+            done = set(merge.get("exhausted", ()))
+            for w in range(streams):
+                slot = int(state["dp_rank"]) * streams + w
+                worker = merge["workers"].get(str(w))
+                position = (
+                    None if worker is None else source_position(self.dataset.stages, worker["pipeline"])
+                )
+                entries.append((slot, position, w in done))
+        origin = origin_of(entries, int(merged["epoch"]))
+        start = elastic_state(self.dataset.fingerprint(), origin)
+        return None, {w: start for w in range(max(1, self.num_workers))}, int(merged["epoch"])
+
     # -- iteration ------------------------------------------------------------------------------------------
 
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
@@ -289,14 +338,20 @@ class TorchLoader:
 
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
+        # Counted once here, in the main process; the workers get the counts with the pickled dataset.
+        self.dataset.count_samples()
         pending, self._runtime.pending = self._runtime.pending, None
+        worker_states: dict[int, Any] = {}
+        if pending is not None and pending.get("kind") == "merged":
+            pending, worker_states, epoch = self._from_merged(pending, ctx)
+            ctx = ctx.with_epoch(epoch)
         if pending is not None:
             self._check_state(pending, ctx)
             ctx = ctx.with_epoch(int(pending["epoch"]))
         kwargs = dict(self.loader_kwargs)
         drop_last = bool(kwargs.pop("drop_last", False))
         stream = WorkerStream(
-            self.dataset, self.batch_size, self.collate_fn, drop_last, {}, frozenset(), ctx.epoch
+            self.dataset, self.batch_size, self.collate_fn, drop_last, worker_states, frozenset(), ctx.epoch
         )
         # The launcher holds no reference back to this TorchLoader: an iterator dropped unfinished is then
         # freed (and its workers stopped) by reference counting, not by a later garbage collection.

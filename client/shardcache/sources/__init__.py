@@ -7,8 +7,12 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
+from shardcache.sources.partition import check_partition_options
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options
 from shardcache.subsets import check_subset
+
+# The shard kinds' partitioning options (`shardcache.sources.partition`).
+PARTITION_OPTIONS = ("placement", "even", "exchange")
 
 # Every kind takes a row/unit subset (`shardcache.subsets`, set by split() and sample()).
 SUBSET_OPTIONS = ("subset",)
@@ -45,7 +49,8 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
     import importlib
 
-    accepted = (*_KINDS[kind][2], *SUBSET_OPTIONS, *PLAN_OPTIONS)
+    partition = PARTITION_OPTIONS if kind != "lance" else ()
+    accepted = (*_KINDS[kind][2], *partition, *SUBSET_OPTIONS, *PLAN_OPTIONS)
     for name in options:
         if name not in accepted:
             raise ConfigError(
@@ -56,6 +61,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     checker: Callable[[dict[str, Any]], None] = module.check_options
     checker(options)
     check_plan_options(options)
+    check_partition_options(options)
     check_on_error(options)
     if "subset" in options:
         check_subset(options["subset"])

@@ -15,6 +15,7 @@ corrupt shards.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,9 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, CorruptShardError, RemoteFailed, RemoteNotFound, StateError
 from shardcache.shards import ShardRef
+from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import DaemonSetting, ShardOpener
+from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch, resolve, weights_of
 from shardcache.sources.schedule import PLAN_OPTIONS, PlanTracker, job_id, slot_order
 from shardcache.stages.base import Node, State
 from shardcache.subsets import select_units
@@ -96,18 +99,24 @@ class SourceNode(Node):
     """Iterates one slot's units in epoch order; subclasses say what the units are and how to read one."""
 
     uses_daemon = True
+    # Whether `shardcache.sources.partition` deals this kind's units (lance plans its own rows).
+    partitionable = True
 
-    def __init__(self, spec: SourceSpec, ctx: RuntimeContext) -> None:
+    def __init__(self, spec: SourceSpec, ctx: RuntimeContext, facts: RunFacts | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.ctx = ctx
+        self.facts = facts if facts is not None else RunFacts()
         self.epoch = ctx.epoch
         self.round = 0
         self.pos = 0
         self.index = 0
         self.skipped_shards = 0  # shards skipped under on_error/on_corrupt="skip" (see the module)
+        # Set by an elastic resume: what the epoch had left when it was checkpointed on another layout.
+        self.origin: State | None = None
         self._opener: ShardOpener | None = None
         self._tracker: PlanTracker | None = None
+        self._partitioning: Partitioning | None = None
 
     # -- what subclasses provide ----------------------------------------------------------------------------
 
@@ -135,10 +144,63 @@ class SourceNode(Node):
             self._opener = ShardOpener(self.spec.daemon)
         return self._opener
 
+    @property
+    def partitioning(self) -> Partitioning:
+        """Placement and equal-work mode for this reader (`shardcache.sources.partition`)."""
+        if self._partitioning is None:
+            if not self.partitionable:
+                self._partitioning = Partitioning()
+            else:
+                resolved = resolve(dict(self.spec.options), self.ctx, self.facts.distributed())
+                if self.spec.resample:  # an endless stream: every rank always has a next sample
+                    resolved = Partitioning(resolved.placement, None, resolved.exchange)
+                self._partitioning = resolved
+        return self._partitioning
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether `shardcache.sources.partition` plans this reader (else the kind's own `order`)."""
+        return self.partitioning.layered or self.origin is not None
+
+    def slot_pieces(self, units: list[Unit], round_index: int) -> list[Piece]:
+        """What this slot reads in `round_index` of the current epoch, in reading order."""
+        if not self.partitioned:
+            return [Piece(u) for u in self.order(units, round_index)]
+        return self.plan(units, round_index)[self.ctx.slot]
+
+    def plan(self, units: list[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
+        """Every slot's pieces in this epoch and round under this reader's layout."""
+        part = self.partitioning
+        counts = unit_counts(self, units) if part.even is not None or self.origin is not None else None
+        if self.origin is not None and round_index == 0:
+            from shardcache.elastic import remaining_pieces
+
+            universe = remaining_pieces(self, units, self.origin, counts)
+        else:
+            universe = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
+        return plan_epoch(
+            universe,
+            self.weights(units),
+            Layout.of(self.ctx),
+            part,
+            self.ctx.seed,
+            self.epoch,
+            round_index,
+        )
+
+    def weights(self, units: list[Unit]) -> tuple[float, ...]:
+        """Node-placement weights of the units (metadata only: see `partition.weights_of`)."""
+        return weights_of([u.count for u in units], [u.ref.size for u in units])
+
+    def count(self, unit: Unit) -> int:
+        """Samples in `unit`, by reading it (the counting pass; sources with metadata never need it)."""
+        return sum(1 for _ in self.read(unit, None, 0))
+
     def gen(self) -> Iterator[dict[str, Any]]:
         # Subsets (split/sample) of unit-level kinds; shardcache.subsets documents which kinds it cuts here.
         units = select_units(self.spec.kind, self.units(), self.spec.options.get("subset"))
         resample = self.spec.resample
+        pad_marks = self.partitioning.even == "pad"
         job = self.spec.options.get("job") or job_id([r.url for r in self.spec.shards], self.ctx.seed)
         tracker = self._tracker = PlanTracker(
             self.opener.client if self.uses_daemon else None, job, self.ctx.slot
@@ -146,43 +208,53 @@ class SourceNode(Node):
         empty_rounds = 0
         try:
             while True:
-                order = self.order(units, self.round)
-                plan_epoch = self.epoch if not resample else self.epoch + self.round
+                pieces = self.slot_pieces(units, self.round)
+                plan_epoch_index = self.epoch if not resample else self.epoch + self.round
                 tracker.start(
-                    plan_epoch,
-                    self._urls(units, order),
+                    plan_epoch_index,
+                    self._urls(units, pieces),
                     self._next_urls(units) if tracker.client is not None else [],
                 )
 
-                def resync(after: int, order: list[int] = order, plan_epoch: int = plan_epoch) -> None:
+                def resync(after: int, pieces: list[Piece] = pieces, epoch: int = plan_epoch_index) -> None:
                     # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
                     if tracker.stale():
-                        remaining = self._urls(units, order[after:])
-                        tracker.resync(plan_epoch, remaining, self._next_urls(units))
+                        remaining = self._urls(units, pieces[after:])
+                        tracker.resync(epoch, remaining, self._next_urls(units))
 
                 # Checked again once a shard is open: the open that found a restarted daemon ran on a
                 # new connection, and the shards after it are then announced before they are needed.
                 self.opener.after_open = lambda: resync(self.pos + 1)
-                while self.pos < len(order):
+                while self.pos < len(pieces):
                     resync(self.pos)
                     i = self.index
-                    unit = units[order[self.pos]]
+                    piece = pieces[self.pos]
+                    unit = units[piece.unit]
+                    samples = self.read(unit, tracker.current, piece.start + i)
+                    if piece.stop is not None:
+                        samples = itertools.islice(samples, piece.stop - piece.start - i)
                     try:
-                        for sample in self.read(unit, tracker.current, i):
+                        for sample in samples:
                             i += 1
                             self.index = i
+                            if pad_marks:
+                                sample["__pad__"] = piece.pad
                             yield sample
                     except SKIPPABLE as exc:
                         if not self._skips(exc):
                             raise
                         self._skipped(unit, exc)
+                    finally:
+                        close = getattr(samples, "close", None)
+                        if close is not None:
+                            close()
                     self.pos += 1
                     self.index = 0
                 tracker.finish()
                 if not resample:
                     tracker.keep_following()
                     return
-                empty_rounds = 0 if order else empty_rounds + 1
+                empty_rounds = 0 if pieces else empty_rounds + 1
                 if empty_rounds > self.ctx.total_slots:
                     return  # no unit can ever reach this slot
                 self.round += 1
@@ -207,22 +279,22 @@ class SourceNode(Node):
             self.skipped_shards,
         )
 
-    def _urls(self, units: list[Unit], order: Sequence[int]) -> list[str]:
-        return [url for u in order for url in self.opened_urls(units[u])]
+    def _urls(self, units: list[Unit], pieces: Sequence[Piece]) -> list[str]:
+        return [url for p in pieces for url in self.opened_urls(units[p.unit])]
 
     def _next_urls(self, units: list[Unit]) -> list[str]:
         """What this slot opens after the current epoch (or round): the daemon's "next" plan."""
         if self.spec.resample:
-            return self._urls(units, self.order(units, self.round + 1))
+            return self._urls(units, self.slot_pieces(units, self.round + 1))
         following = self.spec.options.get("plan_following")
         if following is not None:
             return [url for epoch, urls in following for url in self.plan_urls(urls, epoch)]
-        saved = self.epoch
-        self.epoch = saved + 1
+        saved, origin = self.epoch, self.origin
+        self.epoch, self.origin = saved + 1, None
         try:
-            return self._urls(units, self.order(units, 0))
+            return self._urls(units, self.slot_pieces(units, 0))
         finally:
-            self.epoch = saved
+            self.epoch, self.origin = saved, origin
 
     def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
         """The urls this slot would open reading a dataset of the same kind over `urls` at `epoch`.
@@ -232,18 +304,25 @@ class SourceNode(Node):
         """
         options = {k: v for k, v in self.spec.options.items() if k not in PLAN_OPTIONS}
         spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options=options)
-        sibling = type(self)(spec, self.ctx.with_epoch(epoch))
+        sibling = type(self)(spec, self.ctx.with_epoch(epoch), self.facts)
         units = sibling.units()
-        return sibling._urls(units, sibling.order(units, 0))
+        return sibling._urls(units, sibling.slot_pieces(units, 0))
 
     def state_dict(self) -> State:
-        return {
+        part = self.partitioning
+        state: State = {
             "kind": self.spec.kind,
             "epoch": self.epoch,
             "round": self.round,
             "pos": self.pos,
             "index": self.index,
+            # What an elastic resume on another layout needs to recompute this epoch's plan.
+            "layout": Layout.of(self.ctx).as_dict(),
+            "partitioning": [part.placement, part.even, part.exchange],
         }
+        if self.origin is not None:
+            state["origin"] = self.origin
+        return state
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
@@ -263,3 +342,7 @@ class SourceNode(Node):
             state["pos"],
             state["index"],
         )
+        origin = state.get("origin")
+        if origin is not None and not isinstance(origin, dict):
+            raise StateError(f"resume state field 'origin'={origin!r} must be an object")
+        self.origin = origin

@@ -46,6 +46,8 @@ def read_lines(data: bytes) -> list[bytes]:
 
 class JsonlSource(SourceNode):
     def units(self) -> list[Unit]:
+        if self.partitioned:  # whole files, cut by `shardcache.sources.partition`
+            return [Unit(ref, count=ref.num_samples) for ref in self.spec.shards]
         total = self.ctx.total_slots
         return [Unit(ref, part) for ref in self.spec.shards for part in range(total)]
 
@@ -59,7 +61,7 @@ class JsonlSource(SourceNode):
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         with self.opener.open(unit.ref, plan) as f:
             lines = read_lines(f.read())
-        total = self.ctx.total_slots
+        total = 1 if self.partitioned else self.ctx.total_slots
         first = unit.part * len(lines) // total
         last = (unit.part + 1) * len(lines) // total
         refs = self.spec.options.get("ref_fields") or ()

@@ -49,12 +49,12 @@ def check_options(options: dict[str, Any]) -> None:
 class TarsSource(SourceNode):
     def units(self) -> list[Unit]:
         shards = self.spec.shards
-        if len(shards) < self.ctx.total_slots:
+        if len(shards) < self.ctx.total_slots and not self.partitioned:
             raise ConfigError(
                 f"shards: {len(shards)} tar shards cannot feed {self.ctx.total_slots} slots "
                 f"(ranks x workers); give at least one shard per slot or use fewer workers"
             )
-        return [Unit(ref) for ref in shards]
+        return [Unit(ref, count=ref.num_samples) for ref in shards]
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         level = key_dot_level()

@@ -1,0 +1,229 @@
+"""Elastic resume: a checkpoint taken on one topology resumes on another, each remaining sample once.
+
+Each rank checkpoints its own small state (`Dataset.state_dict()` or `TorchLoader.state_dict()`). To resume
+on another number of nodes, ranks or workers, gather every rank's state (for example with
+`torch.distributed.all_gather_object`), merge them with `merge_states`, and load the merged state on every
+new rank with `load_state_dict`:
+
+    >>> states = [None] * world_size  # doctest: +SKIP
+    >>> torch.distributed.all_gather_object(states, loader.state_dict())  # doctest: +SKIP
+    >>> save({"data": shardcache.merge_states(states), ...})  # doctest: +SKIP
+    >>> loader.load_state_dict(checkpoint["data"])  # on any topology  # doctest: +SKIP
+
+How it works: a source's state holds, besides its position, the layout and partitioning its epoch was
+planned with (`shardcache.sources.partition`). From the merged positions the new readers recompute the old
+plan and take what each old slot had not read yet: the rest of its current piece and its later pieces.
+Those remaining pieces are then planned on the new layout with the same placement rules (node placement
+keeps each piece on the new owner of its unit, `even=` cuts them equally) and the epoch continues; the next
+epoch is planned normally. A resume on the same layout loads each rank's own state instead, so the order is
+exactly the uninterrupted one.
+
+What an elastic resume supports: pipelines whose stages after the source only map, select or batch (their
+state is the source's position); in a TorchLoader the same for the loader-side stages. Stages that hold
+samples back (shuffle, assemble, unbatch) are refused with `UnsupportedResume` naming the stage: resume on
+the same topology, or move the shuffle before a `.batch()`-free point. Under `even="drop"` the resumed
+epoch leaves out fewer than the new world size of the remaining samples again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import StateError, UnsupportedResume
+from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+
+if TYPE_CHECKING:
+    from shardcache.dataset import Dataset
+    from shardcache.sources.base import SourceNode, Unit
+    from shardcache.stages import Stage
+
+MERGED_VERSION = 1
+# Stages whose state is just their upstream's position (nothing held back).
+POSITION_STAGES = ("map", "select", "batch")
+
+
+def is_merged(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("kind") in ("merged", "elastic")
+
+
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One state from every rank's `state_dict()` (Dataset or TorchLoader), loadable on any topology.
+
+    Args:
+        states: One state per rank, in any order (duplicates from tensor-parallel co-members are fine).
+
+    Raises:
+        StateError: states of different pipelines, epochs or kinds, or a rank missing.
+    """
+    if not states or not all(isinstance(s, dict) for s in states):
+        raise StateError("merge_states(states): expected a non-empty list of state dicts, one per rank")
+    loader = states[0].get("kind") == "torch_loader"
+    fingerprints = {s.get("fingerprint") for s in states}
+    if len(fingerprints) > 1:
+        raise StateError(
+            "merge_states: the states come from different pipelines "
+            f"(fingerprints {sorted(map(str, fingerprints))})"
+        )
+    epochs = {s.get("epoch") for s in states}
+    if len(epochs) > 1:
+        raise StateError(
+            f"merge_states: the ranks were at different epochs {sorted(map(str, epochs))}; take every rank's "
+            "state at the same step"
+        )
+    if loader:
+        if any(s.get("kind") != "torch_loader" for s in states):
+            raise StateError("merge_states: mixed TorchLoader and Dataset states")
+        by_rank = {int(s["dp_rank"]): s for s in states}
+        size = int(states[0]["dp_size"])
+        what = "data-parallel ranks"
+    else:
+        by_rank = {int(s["slot"]): s for s in states}
+        size = int(states[0]["total_slots"])
+        what = "slots (rank x worker)"
+    missing = sorted(set(range(size)) - set(by_rank))
+    if missing:
+        raise StateError(f"merge_states: the states of {what} {missing} of {size} are missing")
+    return {
+        "version": MERGED_VERSION,
+        "kind": "merged",
+        "of": "torch_loader" if loader else "dataset",
+        "fingerprint": states[0].get("fingerprint"),
+        "epoch": states[0].get("epoch"),
+        "states": [by_rank[r] for r in range(size)],
+    }
+
+
+def check_merged(state: dict[str, Any], fingerprint: str) -> None:
+    if state.get("version") != MERGED_VERSION:
+        raise StateError(f"merged resume state version {state.get('version')!r} is not supported")
+    if state.get("fingerprint") != fingerprint:
+        raise StateError(
+            "merged resume state was taken from a pipeline with another source or stage list "
+            f"(fingerprint {state.get('fingerprint')} != {fingerprint})"
+        )
+
+
+def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[str, Any]:
+    """The source's state under a chain of position-only stages (see the module)."""
+    state = pipeline
+    for stage in reversed(stages):
+        if stage.kind not in POSITION_STAGES:
+            raise UnsupportedResume(
+                f"an elastic resume (another number of nodes, ranks or workers) cannot go through "
+                f".{stage.describe()}: it holds samples back. Resume on the same topology with each rank's "
+                f"own state, or keep only {', '.join(POSITION_STAGES)} stages after the source"
+            )
+        state = state["up"]
+    if "pos" not in state:
+        raise UnsupportedResume("an elastic resume needs a pipeline over one shard source (not a mix)")
+    return state
+
+
+def origin_of(entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch: int) -> dict[str, Any]:
+    """The compact description of what an epoch had left: (slot, source state or None, exhausted)."""
+    started = [state for _, state, _ in entries if state is not None]
+    for state in started:
+        if state.get("round", 0):
+            raise UnsupportedResume(
+                "an elastic resume of a resampling source (resample=True) is not supported"
+            )
+    first = started[0] if started else None
+    return {
+        "epoch": epoch,
+        "layout": None if first is None else first["layout"],
+        "partitioning": None if first is None else first["partitioning"],
+        "slots": {
+            str(slot): [state["pos"], state["index"]] for slot, state, _ in entries if state is not None
+        },
+        "exhausted": sorted(slot for slot, _, done in entries if done),
+        "origin": None if first is None else first.get("origin"),
+    }
+
+
+def dataset_origin(dataset: Dataset, merged: dict[str, Any]) -> dict[str, Any]:
+    entries = [
+        (int(s["slot"]), source_position(dataset.stages, s["pipeline"]), False) for s in merged["states"]
+    ]
+    return origin_of(entries, int(merged["epoch"]))
+
+
+def own_or_origin(
+    dataset: Dataset, merged: dict[str, Any], ctx: RuntimeContext
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """This reader's own state when the layout is unchanged, else the origin of an elastic resume."""
+    if merged["kind"] == "elastic":
+        return None, merged["origin"]
+    if merged.get("of") != "dataset":
+        raise StateError("a merged TorchLoader state loads with TorchLoader.load_state_dict")
+    states = merged["states"]
+    same = len(states) == ctx.total_slots and _same_layout(dataset, states[0], ctx)
+    if same:
+        return states[ctx.slot], None
+    return None, dataset_origin(dataset, merged)
+
+
+def _same_layout(dataset: Dataset, state: dict[str, Any], ctx: RuntimeContext) -> bool:
+    from shardcache.sources import node_class
+
+    try:
+        saved = source_position(dataset.stages, state["pipeline"])
+    except UnsupportedResume:
+        return state.get("total_slots") == ctx.total_slots
+    node = node_class(dataset.source.kind)(dataset.source, ctx)
+    part = node.partitioning
+    return bool(
+        saved.get("layout") == Layout.of(ctx).as_dict()
+        and saved.get("partitioning") == [part.placement, part.even, part.exchange]
+    )
+
+
+def elastic_state(fingerprint: str, origin: dict[str, Any]) -> dict[str, Any]:
+    """A Dataset state that starts a reader of the new layout on what `origin` left."""
+    return {"version": MERGED_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin}
+
+
+def remaining_pieces(
+    node: SourceNode, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
+) -> list[Piece]:
+    """What the epoch described by `origin` had left, as pieces of `units` (see the module)."""
+    whole = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
+    if origin.get("layout") is None:
+        return whole
+    nested = origin.get("origin")
+    universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
+    layout = Layout(**origin["layout"])
+    placement, even, exchange = origin["partitioning"]
+    if node.spec.kind == "jsonl" and placement == "global" and even is None:
+        raise UnsupportedResume(
+            "an elastic resume of a jsonl source read with placement='global' and even=None (each file "
+            "sliced over the old slots) is not supported: build it with placement='node' or even='drop'"
+        )
+    plan = plan_epoch(
+        universe,
+        node.weights(units),
+        layout,
+        Partitioning(placement, even, exchange),
+        node.ctx.seed,
+        int(origin["epoch"]),
+    )
+    exhausted = set(origin.get("exhausted", ()))
+    left: list[Piece] = []
+    for slot, pieces in enumerate(plan):
+        if slot in exhausted:
+            continue
+        pos, index = origin["slots"].get(str(slot), (0, 0))
+        if pos < len(pieces):
+            current = pieces[pos]
+            start = current.start + index
+            if current.stop is None or start < current.stop:
+                left.append(Piece(current.unit, start, current.stop))
+            left.extend(pieces[pos + 1 :])
+    return [_sized(Piece(p.unit, p.start, p.stop), counts) for p in left if not p.pad]
+
+
+def _sized(piece: Piece, counts: list[int] | None) -> Piece:
+    if piece.stop is not None or counts is None:
+        return piece
+    return Piece(piece.unit, piece.start, counts[piece.unit], piece.pad)

@@ -1,0 +1,126 @@
+"""Sample counts for equal work per rank, and the run facts every reader of a dataset must agree on.
+
+`even="drop"|"pad"` cuts the data at sample granularity, so every reader needs every unit's sample count.
+Manifests (`num_samples`, written by `shardcache manifest`) and parquet footers give them for free. For tar
+and jsonl shards without counts the design is a counting pass, not a runtime agreement between ranks: the
+cut must be known before the first sample so that every rank (and every DataLoader worker, which cannot
+join collectives) computes the same plan from the same numbers.
+
+The pass runs once per dataset in the trainer's main process (`Dataset.__iter__`, `TorchLoader.__iter__`;
+its results travel to DataLoader workers with the pickled dataset). With torch.distributed initialised each
+rank counts a share of its own node's units, through its node's daemon, so the shards land in the cache
+that will serve them, and the counts are exchanged with `all_gather_object`: the cluster reads each shard
+once, ahead of the first epoch. Without torch.distributed one process counts every shard. Counting reads
+shards whole: for large datasets write a manifest instead (the log line says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardcache.sources.partition import owners
+
+if TYPE_CHECKING:
+    from shardcache.sources.base import SourceNode, Unit
+
+logger = logging.getLogger(__name__)
+
+
+def _torch_distributed() -> Any:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def in_main_process() -> bool:
+    """False inside a torch DataLoader worker."""
+    data = sys.modules.get("torch.utils.data")
+    return data is None or data.get_worker_info() is None
+
+
+@dataclass
+class RunFacts:
+    """What the trainer's main process learned for a dataset: travels to its DataLoader workers.
+
+    Attributes:
+        counts: Samples per unit key (see `unit_key`), from the counting pass.
+        is_distributed: Whether torch.distributed ran several processes when the main process started
+            iterating (None: not captured yet; workers started with spawn would not see it live).
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    is_distributed: bool | None = None
+
+    def distributed(self) -> bool:
+        if self.is_distributed is None:
+            dist = _torch_distributed()
+            return dist is not None and int(dist.get_world_size()) > 1
+        return self.is_distributed
+
+    def capture(self) -> None:
+        """Record the main process's view of torch.distributed (workers inherit it)."""
+        if in_main_process():
+            dist = _torch_distributed()
+            self.is_distributed = dist is not None and int(dist.get_world_size()) > 1
+
+
+def unit_key(unit: Unit) -> str:
+    return unit.ref.url if unit.part == 0 else f"{unit.ref.url}#{unit.part}"
+
+
+def unit_counts(node: SourceNode, units: list[Unit]) -> list[int]:
+    """Every unit's sample count: from metadata, from earlier counting, else by counting now."""
+    counts = node.facts.counts
+    missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
+    if missing:
+        _count(node, units, missing)
+    return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
+
+
+def _count(node: SourceNode, units: list[Unit], missing: list[int]) -> None:
+    ctx = node.ctx
+    dist = _torch_distributed() if in_main_process() else None
+    if dist is not None and int(dist.get_world_size()) > 1:
+        mine = missing
+        if node.partitioning.placement == "node" and ctx.node_groups > 1:
+            owner = owners(node.weights(units), ctx.node_groups, ctx.seed)
+            mine = [i for i in missing if owner[i] == ctx.node_group]
+        ranks_in_group = ctx.dp_size // ctx.node_groups
+        local = ctx.dp_rank % ranks_in_group
+        share = mine[local::ranks_in_group]
+        logger.info(
+            "counting the samples of %d of %d shards on this rank for even=%r (a manifest with num_samples, "
+            "written by `shardcache manifest`, skips this pass)",
+            len(share),
+            len(missing),
+            node.partitioning.even,
+        )
+        found = {unit_key(units[i]): node.count(units[i]) for i in share}
+        gathered: list[Any] = [None] * int(dist.get_world_size())
+        dist.all_gather_object(gathered, found)
+        for part in gathered:
+            node.facts.counts.update(part or {})
+        lost = [i for i in missing if unit_key(units[i]) not in node.facts.counts]
+        missing = lost  # units no rank counted (another rank's node group was empty): count them here
+        if not missing:
+            return
+    if not in_main_process():
+        logger.warning(
+            "counting the samples of %d shards inside a DataLoader worker for even=%r: iterate through "
+            "TorchLoader (it counts once in the main process) or give a manifest with num_samples",
+            len(missing),
+            node.partitioning.even,
+        )
+    else:
+        logger.info(
+            "counting the samples of %d shards for even=%r (a manifest with num_samples, written by "
+            "`shardcache manifest`, skips this pass)",
+            len(missing),
+            node.partitioning.even,
+        )
+    for i in missing:
+        node.facts.counts[unit_key(units[i])] = node.count(units[i])
