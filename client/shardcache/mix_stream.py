@@ -45,10 +45,17 @@ class PassStream:
     seed per pass) and cut in the middle of the last one, so counts are exact without random access.
     """
 
-    def __init__(self, source: PassSource, limit: int | None = None, max_passes: int | None = None) -> None:
+    def __init__(
+        self,
+        source: PassSource,
+        limit: int | None = None,
+        max_passes: int | None = None,
+        allow_empty: bool = False,
+    ) -> None:
         self.source = source
         self.limit = limit
         self.max_passes = max_passes
+        self.allow_empty = allow_empty
         self.pass_index = 0
         self.taken_in_pass = 0
         self.taken = 0
@@ -70,7 +77,7 @@ class PassStream:
             try:
                 item = next(self._it)
             except StopIteration:
-                if self.taken_in_pass == 0:
+                if self.taken_in_pass == 0 and not self.allow_empty:
                     raise ConfigError(
                         f"mix source {self.source.name!r} yields no samples in this slot; give it at least "
                         f"one shard per slot (fewer slots, or more shards)"
@@ -228,5 +235,129 @@ class RecipeIterator:
                 f"mix state has {len(state['streams'])} sources but this mix has {len(self.streams)}"
             )
         self.batches = int(state["batches"])
+        for stream, sub in zip(self.streams, state["streams"], strict=True):
+            stream.load_state_dict(sub)
+
+
+# -- the "mixed" source kind's ordered strategies (mvp-dataset's `Dataset.from_source("mixed", ...)`) --------
+
+STRATEGIES = ("concat", "round_robin", "weighted_round_robin", "random", "weighted_random")
+_MASK = (1 << 64) - 1
+
+
+def _uniform(seed: int, epoch: int, slot: int, position: int) -> float:
+    """A uniform number in [0, 1) for one position: a splitmix64 finaliser over the key (no RNG state)."""
+    x = (
+        seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + slot * 0x94D049BB133111EB + position
+    ) & _MASK
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x = ((x ^ (x >> shift)) * mult) & _MASK
+    x ^= x >> 31
+    return (x >> 11) / float(1 << 53)
+
+
+class OrderedMixIterator:
+    """Samples of several streams, each read once, in the order a strategy picks the next source.
+
+    - "concat": every sample of the first source, then the second, ...
+    - "round_robin": one sample of each source in turn, skipping exhausted ones.
+    - "weighted_round_robin": smooth weighted round robin (each pick adds every active source's weight to
+      its credit, takes the source with the most credit and charges it the active total), so weights 2:1
+      read a, b, a, a, b, a, ...
+    - "random" / "weighted_random": an active source drawn uniformly / in proportion to its weight, from
+      (seed, epoch, slot, position): the same on every machine, with no RNG state to save.
+
+    The mix ends when every source is exhausted. Samples that are dicts carry ``__source__`` (the source's
+    name). The state is the pick position, the round-robin cursor, the credits, which sources are
+    exhausted, and each stream's state.
+    """
+
+    def __init__(
+        self,
+        streams: Sequence[PassStream],
+        names: Sequence[str],
+        strategy: str,
+        weights: Sequence[int],
+        seed: int,
+        epoch: int,
+        slot: int,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"strategy={strategy!r}: expected one of {', '.join(map(repr, STRATEGIES))}")
+        self.streams = list(streams)
+        self.names = list(names)
+        self.strategy = strategy
+        self.weights = [int(w) for w in weights]
+        self._key = (seed, epoch, slot)
+        self.position = 0
+        self.cursor = 0
+        self.credit = [0] * len(self.streams)
+        self.exhausted = [False] * len(self.streams)
+
+    def __iter__(self) -> OrderedMixIterator:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            source = self._pick()
+            if source is None:
+                raise StopIteration
+            try:
+                item = next(self.streams[source])
+            except StopIteration:
+                self.exhausted[source] = True
+                continue
+            if isinstance(item, dict):
+                item = {**item, "__source__": self.names[source]}
+            return item
+
+    def _pick(self) -> int | None:
+        active = [i for i, done in enumerate(self.exhausted) if not done]
+        if not active:
+            return None
+        if self.strategy == "concat":
+            return active[0]
+        if self.strategy == "round_robin":
+            n = len(self.streams)
+            while self.exhausted[self.cursor % n]:
+                self.cursor += 1
+            pick = self.cursor % n
+            self.cursor = pick + 1
+            return pick
+        if self.strategy == "weighted_round_robin":
+            for i in active:
+                self.credit[i] += self.weights[i]
+            pick = max(active, key=lambda i: (self.credit[i], -i))
+            self.credit[pick] -= sum(self.weights[i] for i in active)
+            return pick
+        u = _uniform(*self._key, self.position)
+        self.position += 1
+        weights = [self.weights[i] if self.strategy == "weighted_random" else 1 for i in active]
+        target, acc = u * sum(weights), 0.0
+        for i, w in zip(active, weights, strict=True):
+            acc += w
+            if target < acc:
+                return i
+        return active[-1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Picks drawn, cursor, credits, exhausted sources and each stream's state."""
+        return {
+            "position": self.position,
+            "cursor": self.cursor,
+            "credit": list(self.credit),
+            "exhausted": list(self.exhausted),
+            "streams": [s.state_dict() for s in self.streams],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict`)."""
+        n = len(self.streams)
+        lists = [state.get(k) for k in ("credit", "exhausted", "streams")]
+        if not all(isinstance(v, list) and len(v) == n for v in lists):
+            raise StateError(f"mixed state does not hold {n} sources; it was not taken from this mix")
+        self.position, self.cursor = int(state["position"]), int(state["cursor"])
+        self.credit = [int(c) for c in state["credit"]]
+        self.exhausted = [bool(e) for e in state["exhausted"]]
         for stream, sub in zip(self.streams, state["streams"], strict=True):
             stream.load_state_dict(sub)

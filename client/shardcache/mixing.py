@@ -29,7 +29,13 @@ from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, StateError
 from shardcache.mix_plan import plan_mix, split_for_slot
-from shardcache.mix_stream import InterleaveIterator, PassStream, RecipeIterator
+from shardcache.mix_stream import (
+    STRATEGIES,
+    InterleaveIterator,
+    OrderedMixIterator,
+    PassStream,
+    RecipeIterator,
+)
 from shardcache.sources import SourceSpec
 from shardcache.stages import Node, Stage
 from shardcache.stages.base import State
@@ -53,9 +59,13 @@ class MixConfig:
     seed: int | None
     recipe: tuple[int, ...] | None
     main: int | None
+    strategy: str | None = None  # the "mixed" source kind's ordered strategies (`mixed_source`)
 
     def describe(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if self.strategy is None:
+            del fields["strategy"]  # so mixes without one keep their fingerprints
+        return json.dumps(fields, sort_keys=True)
 
 
 def pass_seed(seed: int, pass_index: int) -> int:
@@ -109,13 +119,17 @@ class MixNode(Node):
         self.members = members
         self.config = config
         self.ctx = ctx
-        self.inner: InterleaveIterator | RecipeIterator | None = None
+        self.inner: InterleaveIterator | RecipeIterator | OrderedMixIterator | None = None
         self._pending: State | None = None
 
-    def _make(self) -> InterleaveIterator | RecipeIterator:
+    def _make(self) -> InterleaveIterator | RecipeIterator | OrderedMixIterator:
         cfg, ctx = self.config, self.ctx
         sources = [_MemberPasses(name, ds, ctx) for name, ds in self.members]
         seed = ctx.seed if cfg.seed is None else cfg.seed
+        if cfg.strategy is not None:
+            once = [PassStream(s, max_passes=1, allow_empty=True) for s in sources]
+            weights = [int(w) for w in cfg.weights or [1] * len(sources)]
+            return OrderedMixIterator(once, cfg.names, cfg.strategy, weights, seed, ctx.epoch, ctx.slot)
         if cfg.recipe is not None and cfg.main is not None:
             streams = [PassStream(s, max_passes=1 if i == cfg.main else None) for i, s in enumerate(sources)]
             return RecipeIterator(streams, cfg.recipe, cfg.main)
@@ -333,3 +347,77 @@ def mix(
         )
         plan.log()
     return MixedDataset(members, config, context=context)
+
+
+def mixed_source(
+    sources: Mapping[str, Dataset],
+    *,
+    strategy: str = "weighted_round_robin",
+    weights: Mapping[str, int] | None = None,
+    context: RuntimeContext | None = None,
+    seed: int | None = None,
+) -> MixedDataset:
+    """`Dataset.from_source("mixed", sources=..., strategy=..., weights=...)`: mvp-dataset's mixed source.
+
+    Each source is read once per epoch (every slot its own share, as for any dataset), in the order the
+    strategy picks (`shardcache.mix_stream.OrderedMixIterator`): "concat", "round_robin",
+    "weighted_round_robin" (the default), "random", "weighted_random". Dict samples carry ``__source__``.
+
+    Args:
+        sources: Name -> Dataset (at least one; none may resample).
+        strategy: How the next source is picked.
+        weights: Positive integer weights by name (missing names weigh 1); used by the weighted strategies.
+        context: The mix's RuntimeContext; by default the sources' (they must not differ).
+        seed: Seed of the random strategies (with the epoch and slot); None uses the context's seed.
+
+    Raises:
+        ConfigError: a bad strategy, name or weight, or sources with different explicit contexts.
+    """
+    if not isinstance(sources, Mapping):
+        raise ConfigError(
+            f"from_source('mixed', sources={sources!r}): expected a mapping of names to datasets"
+        )
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy={strategy!r}: expected one of {', '.join(map(repr, STRATEGIES))}")
+    members = _named(sources)
+    names = [name for name, _ in members]
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"from_source('mixed', sources=...): name {name!r} must be a non-empty string")
+    given = dict(weights or {})
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ConfigError(f"weights={given!r}: {unknown} are not source names ({names})")
+    for name, weight in given.items():
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise ConfigError(f"weights[{name!r}]={weight!r}: expected a positive integer")
+    if context is not None and not isinstance(context, RuntimeContext):
+        raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
+    explicit = {ds.source.context for _, ds in members if ds.source.context is not None}
+    if context is None and len(explicit) > 1:
+        raise ConfigError(
+            "from_source('mixed', ...): the sources were built with different contexts; build them with "
+            "the same context, or pass context= to the mix"
+        )
+    if context is not None and explicit - {context}:
+        raise ConfigError(
+            "from_source('mixed', context=...): a source was built with another context; build the "
+            "sources with this context (or none)"
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"seed={seed!r}: expected an int or None")
+    config = MixConfig(
+        names=tuple(names),
+        sizes=(0,) * len(names),
+        weights=tuple(float(given.get(n, 1)) for n in names),
+        temperature=1.0,
+        virtual_size=None,
+        max_scale_up=1.0,
+        seed=seed,
+        recipe=None,
+        main=None,
+        strategy=strategy,
+    )
+    return MixedDataset(
+        members, config, context=context if context is not None else next(iter(explicit), None)
+    )
