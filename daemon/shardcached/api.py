@@ -1,7 +1,8 @@
-"""Routes of HTTP API v1 (DESIGN.md's table), served on the Unix socket.
+"""Routes of HTTP API v1, served on the Unix socket (the reference is docs/api.md, generated from them).
 
-Handlers are thin: validate with the shared wire models, call the service, shape the answer. The open
-route builds its JSON answer directly, because it is the hot path.
+Handlers are thin: validate with the shared wire models, call the service, shape the answer. Open and
+release are answered by hotpath.py's functions, before FastAPI's routing; their routes here document them
+in the OpenAPI schema and delegate to the same functions.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
-from shardcache.protocol import (
+from shardcache_protocol import (
     MAX_URL_LENGTH,
+    STATUS_MEANINGS,
     URL_PATTERN,
     ErrorBody,
     Health,
+    OpenGrant,
     OpenRequest,
-    OpenResponse,
     PlanRequest,
     PlanResponse,
+    PrefetchAccepted,
     PrefetchRequest,
     ReleaseRequest,
     ShardInfo,
@@ -35,7 +38,9 @@ from shardcache.protocol import (
 )
 from shardcached import __version__
 from shardcached.errors import NotFound
+from shardcached.hotpath import answer_open, answer_release
 from shardcached.service import ShardService
+from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
 
 _JSON = "application/json"
@@ -43,21 +48,25 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 UrlQuery = Annotated[
     str, Query(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN, description="shard URL")
 ]
-# What each error status means; every answer of these carries an ErrorBody (app.py's handlers, hotpath.py).
-_ERROR_MEANINGS = {
-    400: "Malformed URL, checksum, range or body",
-    403: "The URL is outside the daemon's allow-list (after canonicalisation)",
-    404: "The remote object, lease, plan or resident shard does not exist",
-    422: "The body or query does not match the schema",
-    502: "The remote failed after retries, refused access, redirected, or sent other bytes",
-    503: "The daemon is shutting down; retry against the next one",
-    507: "The shard cannot fit in the cache (capacity, leases or disk space)",
-}
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for the error statuses a route answers, each with the ErrorBody schema."""
-    return {code: {"model": ErrorBody, "description": _ERROR_MEANINGS[code]} for code in statuses}
+    return {code: {"model": ErrorBody, "description": STATUS_MEANINGS[code]} for code in statuses}
+
+
+def _json_body(model: type[OpenRequest] | type[ReleaseRequest]) -> dict[str, Any]:
+    """`openapi_extra` documenting a request body that the route reads raw (the hot path parses it)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def _raw(status_code: int, body: bytes) -> Response:
+    return Response(body, status_code=status_code, media_type=_JSON if body else None)
 
 
 class _NoFollowFileResponse(FileResponse):
@@ -110,20 +119,27 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     async def health() -> Health:
         return Health(status="ok", version=__version__)
 
+    # Open and release: served by hotpath.HotPath in front of this app; these routes document them and,
+    # reached without the middleware, answer through the very same functions.
     @router.post(
-        "/shards/open", response_model=OpenResponse, responses=_errors(400, 403, 404, 422, 502, 503, 507)
+        "/shards/open",
+        response_model=OpenGrant,
+        responses=_errors(400, 403, 404, 422, 502, 503, 507),
+        openapi_extra=_json_body(OpenRequest),
+        summary="Make a shard local and lease it",
     )
-    async def open_shard(body: OpenRequest) -> Response:
-        answer = await service.open(body.url, body.size, body.checksum, body.plan)
-        return Response(answer.model_dump_json(), media_type=_JSON)
+    async def open_shard(request: Request) -> Response:
+        return _raw(*await answer_open(service, await request.body()))
 
-    @router.post("/shards/release", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(404, 422))
-    async def release(body: ReleaseRequest) -> Response:
-        if not service.release(body.lease):
-            raise NotFound(
-                f"lease {body.lease} is unknown or expired; open the shard again", code="unknown_lease"
-            )
-        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    @router.post(
+        "/shards/release",
+        status_code=status.HTTP_204_NO_CONTENT,
+        responses=_errors(400, 404, 422),
+        openapi_extra=_json_body(ReleaseRequest),
+        summary="End a lease",
+    )
+    async def release(request: Request) -> Response:
+        return _raw(*answer_release(service, await request.body()))
 
     @router.get(
         "/shards/data",
@@ -134,7 +150,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         },
     )
     async def shard_data(request: Request, url: UrlQuery) -> FileResponse:
-        entry, lease, file_stat = await service.lease_for_stream(url)
+        entry, lease, file_stat = await lease_for_stream(service, url)
         service.count_served("stream", _range_length(request.headers.get("range"), entry.size))
         return _NoFollowFileResponse(
             entry.path,
@@ -161,8 +177,8 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED, responses=_errors(400, 403, 422))
-    async def prefetch(body: PrefetchRequest) -> dict[str, list[str]]:
-        return {"urls": service.warm(body.urls)}
+    async def prefetch(body: PrefetchRequest) -> PrefetchAccepted:
+        return PrefetchAccepted(urls=service.warm(body.urls))
 
     @router.get("/shards")
     async def list_shards() -> ShardList:

@@ -8,20 +8,19 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shardcache.protocol import Health
+from shardcache_protocol import Health
 from shardcached import __version__
 from shardcached.api import build_router
 from shardcached.config import Settings
-from shardcached.errors import DaemonError
+from shardcached.errors import DaemonError, error_body, validation_detail
 from shardcached.fetcher import Fetcher
-from shardcached.hotpath import validation_detail
+from shardcached.hotpath import HotPath
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders
 from shardcached.planner import Planner
@@ -31,15 +30,16 @@ from shardcached.store import Store
 logger = logging.getLogger(__name__)
 
 
-def _error(status: int, code: str, detail: str) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail}, status_code=status)
+def _error(status: int, code: str, detail: str) -> Response:
+    return Response(error_body(code, detail), status_code=status, media_type="application/json")
 
 
 def create_app(settings: Settings, store: Store, planner: Planner, registry: CollectorRegistry) -> FastAPI:
     """The API app; its lifespan starts and stops the service (prefetcher, housekeeping, downloads).
 
-    The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown and
-    wraps the app in `HotPath`, which answers open and release before FastAPI's routing).
+    The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown).
+    What is served is `serving_app(app)`: the app behind `HotPath`, which answers open and release before
+    FastAPI's routing.
     """
     metrics = Metrics(registry)
     fetcher = Fetcher(
@@ -92,25 +92,30 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
 
     # One handler maps every domain error to its status; the others give framework errors the same shape.
     @app.exception_handler(DaemonError)
-    async def daemon_error(request: Request, exc: DaemonError) -> JSONResponse:
+    async def daemon_error(request: Request, exc: DaemonError) -> Response:
         return _error(exc.status, exc.code, exc.detail)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         return _error(422, "invalid_request", validation_detail(exc.errors()))
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         return _error(
             exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail)
         )
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def internal_error(request: Request, exc: Exception) -> Response:
         logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
         return _error(500, "internal", f"{type(exc).__name__}: {exc}; see the daemon's log")
 
     return app
+
+
+def serving_app(app: FastAPI) -> HotPath:
+    """The API exactly as the daemon serves it on its socket: `app` behind the open/release hot path."""
+    return HotPath(app, app.state.service)
 
 
 def create_metrics_app(registry: CollectorRegistry) -> Starlette:

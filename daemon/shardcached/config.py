@@ -19,7 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from shardcache.protocol import DEFAULT_METRICS_ADDR, default_socket_path
+from shardcache_protocol import DEFAULT_METRICS_ADDR, default_socket_path
 
 PRODUCTION_CACHE_DIR = "/var/cache/shardcache"
 
@@ -41,6 +41,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def parse_size(text: str) -> int:
@@ -128,6 +129,18 @@ class Settings(BaseSettings):
 
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("allow")
+    @classmethod
+    def _check_allow(cls, value: list[str]) -> list[str]:
+        # A relative prefix would be resolved against whatever directory the daemon was started in.
+        for prefix in value:
+            if not (_URL_SCHEME.match(prefix) or prefix.startswith("/")):
+                raise ValueError(
+                    f"--allow {prefix}: give a URL with its scheme (s3://bucket/prefix) or an absolute "
+                    "path (/abs/path)"
+                )
         return value
 
     @field_validator("capacity")

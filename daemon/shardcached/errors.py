@@ -8,9 +8,19 @@ DaemonError                      root; `status` and `code` are what the single e
 │   └── IntegrityError   502     size or checksum of the downloaded bytes do not match
 ├── ShuttingDown         503     the daemon is stopping; retry against the next daemon
 └── InsufficientCapacity 507     the shard cannot fit in the cache
+
+NoRoom (not a DaemonError, never answered): a prefetch found no space it may take; it waits for the next
+change, and an open that had joined it fetches on demand.
+
+Every code and its status are listed in `shardcache_protocol.ERROR_CODES`, the contract the client reads;
+`error_body` is the one place an error answer's bytes are built.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
 
 
 class DaemonError(Exception):
@@ -58,3 +68,21 @@ class ShuttingDown(DaemonError):
 class InsufficientCapacity(DaemonError):
     status = 507
     code = "insufficient_capacity"
+
+
+class NoRoom(Exception):
+    """A prefetch found no space it may take; it waits for the next change."""
+
+
+def error_body(code: str, detail: str) -> bytes:
+    """The JSON body of every error answer (`shardcache_protocol.ErrorBody`)."""
+    return json.dumps({"error": code, "detail": detail}).encode()
+
+
+def validation_detail(errors: Sequence[Any]) -> str:
+    """One line naming the first invalid fields (from pydantic's or FastAPI's `errors()`)."""
+    parts = []
+    for error in errors[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) + "; see the HTTP API reference in docs/api.md"

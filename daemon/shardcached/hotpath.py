@@ -1,47 +1,74 @@
-"""A lean ASGI path for the two requests every shard read makes: open and release.
+"""Open and release, the two requests every shard read makes, served by one implementation.
 
 FastAPI's routing, dependency resolution and response validation cost more CPU per request than the work
-itself (a dict lookup and a lease); with 16 client processes on 2 cores that CPU is the open latency. This
-middleware answers `POST /v1/shards/open` and `POST /v1/shards/release` directly with the same wire models
-and error shape; everything else (and the OpenAPI description of these two routes) stays with FastAPI.
+itself (a dict lookup and a lease); with 16 client processes on 2 cores that CPU is the open latency. So
+`answer_open` and `answer_release` parse the body with the wire models and build the answer's bytes
+themselves, and `HotPath`, an ASGI middleware in front of the FastAPI app, calls them before any routing.
+The FastAPI routes of these two paths (api.py) exist for the OpenAPI schema and delegate to the same two
+functions, so a request gets the same answer whichever way it arrives.
 
-Any request on this path may carry `Shardcache-Release: lease1,lease2`: those leases end before the request
-is served (unknown or expired ones are ignored). A client that opens shards in a tight loop sends the
-release of the shard it just closed with its next open: one request per shard instead of two.
+Any request may carry `Shardcache-Release: lease1,lease2`: those leases end before the request is served
+(unknown or expired ones are ignored). A client that opens shards in a tight loop sends the release of the
+shard it just closed with its next open: one request per shard instead of two.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shardcache.protocol import OpenRequest, ReleaseRequest
-from shardcached.errors import BadRequest, DaemonError
-from shardcached.service import ShardService
+from shardcache_protocol import OpenRequest, ReleaseRequest
+from shardcached.errors import BadRequest, DaemonError, error_body, validation_detail
+
+if TYPE_CHECKING:
+    from shardcached.service import ShardService
 
 logger = logging.getLogger(__name__)
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_MAX_BODY = 64 * 1024  # an open or release body is a few hundred bytes
+OPEN_PATH = "/v1/shards/open"
+RELEASE_PATH = "/v1/shards/release"
+MAX_BODY = 64 * 1024  # an open or release body is a few hundred bytes
 RELEASE_HEADER = b"shardcache-release"  # ASGI servers lower-case header names
+MAX_RELEASES_PER_HEADER = 64
+_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-def error_body(code: str, detail: str) -> bytes:
-    return json.dumps({"error": code, "detail": detail}).encode()
+async def answer_open(service: ShardService, body: bytes) -> tuple[int, bytes]:
+    """`POST /v1/shards/open`: the status and JSON body answering the request `body`."""
+    try:
+        if len(body) > MAX_BODY:
+            raise BadRequest(f"request body larger than {MAX_BODY} bytes", code="body_too_large")
+        request = OpenRequest.model_validate_json(body)
+        grant = await service.open(request.url, request.size, request.checksum, request.plan)
+    except ValidationError as exc:
+        return 422, error_body("invalid_request", validation_detail(exc.errors()))
+    except DaemonError as exc:
+        return exc.status, error_body(exc.code, exc.detail)
+    return 200, grant.model_dump_json().encode()
 
 
-def validation_detail(errors: Sequence[Any]) -> str:
-    """One line naming the first invalid fields (from pydantic's or FastAPI's `errors()`)."""
-    parts = []
-    for error in errors[:5]:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts) + "; see the API table in DESIGN.md"
+def answer_release(service: ShardService, body: bytes) -> tuple[int, bytes]:
+    """`POST /v1/shards/release`: 204, or 404 `unknown_lease`, or a 4xx for a malformed body."""
+    try:
+        if len(body) > MAX_BODY:
+            raise BadRequest(f"request body larger than {MAX_BODY} bytes", code="body_too_large")
+        request = ReleaseRequest.model_validate_json(body)
+    except ValidationError as exc:
+        return 422, error_body("invalid_request", validation_detail(exc.errors()))
+    except DaemonError as exc:
+        return exc.status, error_body(exc.code, exc.detail)
+    if service.release(request.lease):
+        return 204, b""
+    detail = f"lease {request.lease} is unknown or expired; open the shard again"
+    return 404, error_body("unknown_lease", detail)
+
+
+def release_header_leases(value: bytes) -> list[str]:
+    """The leases a `Shardcache-Release` header names (at most 64)."""
+    return [lease.strip() for lease in value.decode("latin-1").split(",")[:MAX_RELEASES_PER_HEADER]]
 
 
 class HotPath:
@@ -55,57 +82,30 @@ class HotPath:
         if scope["type"] == "http":
             for name, value in scope["headers"]:
                 if name == RELEASE_HEADER:
-                    self.service.release(
-                        *(lease.strip() for lease in value.decode("latin-1").split(",")[:64])
-                    )
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path == "/v1/shards/open":
-                await self._open(receive, send)
-                return
-            if path == "/v1/shards/release":
-                await self._release(receive, send)
-                return
+                    self.service.release(*release_header_leases(value))
+            if scope["method"] == "POST":
+                path = scope["path"]
+                if path == OPEN_PATH:
+                    status, body = await answer_open(self.service, await _read_body(receive))
+                    await _send(send, status, body)
+                    return
+                if path == RELEASE_PATH:
+                    status, body = answer_release(self.service, await _read_body(receive))
+                    await _send(send, status, body)
+                    return
         await self.app(scope, receive, send)
-
-    async def _open(self, receive: Receive, send: Send) -> None:
-        try:
-            request = OpenRequest.model_validate_json(await _read_body(receive))
-            answer = await self.service.open(request.url, request.size, request.checksum, request.plan)
-        except ValidationError as exc:
-            await _send(send, 422, error_body("invalid_request", validation_detail(exc.errors())))
-        except DaemonError as exc:
-            await _send(send, exc.status, error_body(exc.code, exc.detail))
-        else:
-            await _send(send, 200, answer.model_dump_json().encode())
-
-    async def _release(self, receive: Receive, send: Send) -> None:
-        try:
-            request = ReleaseRequest.model_validate_json(await _read_body(receive))
-        except ValidationError as exc:
-            await _send(send, 422, error_body("invalid_request", validation_detail(exc.errors())))
-            return
-        except DaemonError as exc:
-            await _send(send, exc.status, error_body(exc.code, exc.detail))
-            return
-        if self.service.release(request.lease):
-            await _send(send, 204, b"")
-        else:
-            detail = f"lease {request.lease} is unknown or expired; open the shard again"
-            await _send(send, 404, error_body("unknown_lease", detail))
 
 
 async def _read_body(receive: Receive) -> bytes:
+    """The request body; reading stops past `MAX_BODY` (the answer is then 400 `body_too_large`)."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > _MAX_BODY:
-            raise BadRequest(f"request body larger than {_MAX_BODY} bytes", code="body_too_large")
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        if size > MAX_BODY or not message.get("more_body", False):
             return b"".join(chunks)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class Recency:
@@ -62,6 +62,28 @@ def farthest_next_use(
     if incoming_time is not None and farthest_time <= incoming_time:
         return None
     return farthest
+
+
+class VictimChooser(Protocol):
+    """What `prefetch_victim` asks of the planner."""
+
+    def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None: ...
+
+    def next_use_at(self, url: str) -> float | None: ...
+
+
+def prefetch_victim(planner: VictimChooser, candidates: list[str], url: str, *, warm: bool) -> str | None:
+    """What a prefetch (or warm) of `url` may evict: a shard needed later than `url`, or None to wait.
+
+    Warming may also take a shard that no plan needs (least recent first), never a planned one: it used to
+    evict as a demand open does, so warming unplanned URLs pushed out shards the trainers were about to read.
+    """
+    victim = planner.choose_victim(candidates, url)
+    if victim is None and warm:
+        fallback = planner.choose_victim(candidates, None)
+        if fallback is not None and planner.next_use_at(fallback) is None:
+            return fallback
+    return victim
 
 
 class Window(NamedTuple):

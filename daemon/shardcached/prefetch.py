@@ -17,13 +17,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from shardcached.errors import DaemonError
+from shardcached.errors import DaemonError, NoRoom
 
 if TYPE_CHECKING:
     from shardcached.planner import Planner
-    from shardcached.service import ShardService
+    from shardcached.store import Entry
 
 logger = logging.getLogger(__name__)
 
@@ -32,29 +32,36 @@ MIN_GAP_S = 0.002  # at most one scheduler run per this many seconds
 DUTY = 10  # the pause after a run is at least DUTY times its duration
 
 
-def prefetch_victim(planner: Planner, candidates: list[str], url: str, *, warm: bool) -> str | None:
-    """What a prefetch (or warm) of `url` may evict: a shard needed later than `url`, or None to wait.
+class FetchHost(Protocol):
+    """What the prefetcher needs of the service: its fetch slots and a way to start fetches."""
 
-    Warming may also take a shard that no plan needs (least recent first), never a planned one: it used to
-    evict as a demand open does, so warming unplanned URLs pushed out shards the trainers were about to read.
-    """
-    victim = planner.choose_victim(candidates, url)
-    if victim is None and warm:
-        fallback = planner.choose_victim(candidates, None)
-        if fallback is not None and planner.next_use_at(fallback) is None:
-            return fallback
-    return victim
+    max_fetches: int
 
+    @property
+    def closing(self) -> bool: ...
 
-class NoRoom(Exception):
-    """A prefetch found no space it may take; it waits for the next change."""
+    @property
+    def inflight(self) -> int: ...
+
+    def busy(self, url: str) -> bool:
+        """Whether `url` is resident or being fetched."""
+        ...
+
+    def resident(self, url: str) -> bool: ...
+
+    def inflight_future(self, url: str) -> asyncio.Future[Entry] | None: ...
+
+    def start_fetch(
+        self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False
+    ) -> asyncio.Future[Entry]: ...
 
 
 class Prefetcher:
-    """Background prefetch loop and warming for one `ShardService`."""
+    """Background prefetch loop and warming for one fetch host (the `ShardService`)."""
 
-    def __init__(self, service: ShardService, clock: Callable[[], float]) -> None:
+    def __init__(self, service: FetchHost, planner: Planner, clock: Callable[[], float]) -> None:
         self._service = service
+        self._planner = planner
         self._clock = clock
         self._wake = asyncio.Event()
         self._failed: dict[str, float] = {}
@@ -99,7 +106,7 @@ class Prefetcher:
         self.runs += 1
         slots = service.max_fetches - service.inflight
         if slots > 0:
-            for url in service.planner.prefetch_candidates(self._skip, slots):
+            for url in self._planner.prefetch_candidates(self._skip, slots):
                 service.start_fetch(url, None, None, demand=False)
 
     async def warm(self, urls: list[str]) -> None:
@@ -109,7 +116,7 @@ class Prefetcher:
 
         async def one(url: str) -> None:
             async with gate:
-                if service.closing or url in service.store.by_url:
+                if service.closing or service.resident(url):
                     return
                 future = service.inflight_future(url) or service.start_fetch(
                     url, None, None, demand=False, warm=True

@@ -23,10 +23,9 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from shardcached.app import create_app, create_metrics_app
+from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
-from shardcached.hotpath import HotPath
 from shardcached.planner import Planner
 from shardcached.store import Store
 
@@ -122,7 +121,7 @@ async def serve(settings: Settings) -> int:
         api_socket.close()
         _remove(settings.socket)
         raise
-    api = _Server(_uvicorn_config(HotPath(app, app.state.service), 10, CoalescingHttpToolsProtocol))
+    api = _Server(_uvicorn_config(serving_app(app), 10, CoalescingHttpToolsProtocol))
     metrics = _Server(_uvicorn_config(create_metrics_app(registry), 2))
     metrics.config.lifespan = "off"
 

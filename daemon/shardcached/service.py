@@ -2,29 +2,30 @@
 
 Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. One
 asyncio future per URL in flight gives single flight: every open of a shard that is being fetched awaits
-the same download. Making room (eviction, reservations) is `space.Space`'s.
+the same download. Making room (eviction, reservations) is `space.Space`'s, checking a resident copy
+against an open's checksum `verify.ChecksumCheck`'s, streamed reads `streams.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shardcache.protocol import OpenResponse
-from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, ShuttingDown
-from shardcached.fetcher import Fetcher, RemoteInfo, file_matches, normalize_checksum
+from shardcache_protocol import OpenGrant
+from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, NoRoom, ShuttingDown
+from shardcached.fetcher import Fetcher, RemoteInfo, normalize_checksum
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
-from shardcached.prefetch import NoRoom, Prefetcher
+from shardcached.prefetch import Prefetcher
 from shardcached.space import Space
 from shardcached.store import Entry, Store
+from shardcached.verify import ChecksumCheck
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +61,13 @@ class ShardService:
         self._infos: dict[str, tuple[float, RemoteInfo]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
+        self._closing = False
+        self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
         self.space = Space(
             store, planner, metrics, evict_wait_s=evict_wait_s, clock=clock, closing=lambda: self._closing
         )
-        self.prefetcher = Prefetcher(self, clock)
-        self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
-        self._closing = False
+        self.checksums = ChecksumCheck(store, self.space, self._blocking)
+        self.prefetcher = Prefetcher(self, planner, clock)
         self._loops: list[asyncio.Task[Any]] = []
         self.hits = self.misses = self.bytes_fetched = self.bytes_served = 0
 
@@ -124,13 +126,16 @@ class ShardService:
         """Whether `url` is resident or being fetched."""
         return url in self.store.by_url or url in self._inflight
 
+    def resident(self, url: str) -> bool:
+        return url in self.store.by_url
+
     def inflight_future(self, url: str) -> asyncio.Future[Entry] | None:
         return self._inflight.get(url)
 
     # -- opens ------------------------------------------------------------------------------------------
     async def open(
         self, url: str, size: int | None = None, checksum: str | None = None, plan: str | None = None
-    ) -> OpenResponse:
+    ) -> OpenGrant:
         """Make the shard local, lease it and say where it is (the API's `POST /v1/shards/open`)."""
         started = time.perf_counter()
         canonical = self.allow.check(url)
@@ -139,38 +144,16 @@ class ShardService:
         self.planner.record_open(canonical, plan)
         if plan is not None:
             self.prefetcher.wake()  # a hit outside any plan changes no prefetch window
-        entry, result = await self._acquire(canonical, size, checksum)
+        entry, result = await self.acquire(canonical, size, checksum)
         lease = self.store.lease(entry)
-        self._note_use(entry, result, "path", entry.size)
+        self.note_use(entry, result, "path", entry.size)
         self.metrics.open_wait.observe(time.perf_counter() - started)
-        return OpenResponse(
+        return OpenGrant(
             url=canonical, path=str(entry.path), size=entry.size, lease=lease, hit=result == "hit"
         )
 
-    async def lease_for_stream(self, url: str) -> tuple[Entry, str, os.stat_result]:
-        """Make the shard local and lease it while its bytes are streamed (`GET /v1/shards/data`).
-
-        Returns the entry, the lease and the `lstat` of its file. The daemon streams with its own
-        privileges, so a file that is no longer the regular file it wrote (say, a symlink planted in the
-        cache dir) is dropped and fetched again rather than served.
-        """
-        canonical = self.allow.check(url)
-        self.planner.record_open(canonical, None)
-        for _ in range(2):
-            entry, result = await self._acquire(canonical, None, None)
-            file_stat = self.store.regular_stat(entry)
-            if file_stat is not None:
-                lease = self.store.lease(entry)
-                self._note_use(entry, result, None, 0)
-                return entry, lease, file_stat
-            logger.warning("%s is not the regular file the daemon wrote any more; dropping it", entry.path)
-            if self.store.by_url.get(canonical) is entry:
-                self.space.evict(canonical, "invalid")
-        raise DaemonError(
-            f"the cache file of {canonical} keeps being replaced; check what else writes the cache dir"
-        )
-
-    def _note_use(self, entry: Entry, result: str, mode: str | None, served: int) -> None:
+    def note_use(self, entry: Entry, result: str, mode: str | None, served: int) -> None:
+        """Count an open (hit or not; bytes handed over by path) and stamp the shard's use."""
         if result == "hit":
             self.hits += 1
         else:
@@ -187,7 +170,8 @@ class ShardService:
         self.bytes_served += nbytes
         self.metrics.served_by[mode].inc(nbytes)
 
-    async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
+    async def acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
+        """The resident, valid entry of canonical `url` (fetched if need be) and how: hit/inflight/miss."""
         result = "hit"
         for _ in range(8):
             if self._closing:
@@ -196,7 +180,7 @@ class ShardService:
             if (
                 entry is not None
                 and await self._still_valid(entry, size)
-                and await self._checksum_holds(entry, checksum)
+                and await self.checksums.holds(entry, checksum)
             ):
                 return entry, result
             future = self._inflight.get(url)
@@ -205,20 +189,14 @@ class ShardService:
             else:
                 result = "miss"
                 future = self.start_fetch(url, size, checksum, demand=True)
-            # The open was recorded on arrival, so no plan protects this shard any more: until it is
-            # leased, `make_room` must not pick it (another fetch may finish in between).
-            awaited = self.space.awaited
-            awaited[url] = awaited.get(url, 0) + 1
-            try:
-                entry = await asyncio.shield(future)
-            except NoRoom:
-                continue  # we joined a prefetch that gave up; fetch on demand
-            finally:
-                if (left := awaited.pop(url) - 1) > 0:
-                    awaited[url] = left
+            with self.space.awaiting(url):  # not a victim until leased
+                try:
+                    entry = await asyncio.shield(future)
+                except NoRoom:
+                    continue  # we joined a prefetch that gave up; fetch on demand
             # The fetch may have finished a while ago; make sure it is still resident before leasing. A
             # joined prefetch fetched without this open's checksum: verify it as a hit would.
-            if self.store.by_url.get(url) is entry and await self._checksum_holds(entry, checksum):
+            if self.store.by_url.get(url) is entry and await self.checksums.holds(entry, checksum):
                 return entry, result
         raise InsufficientCapacity(
             f"{url} was evicted repeatedly before it could be leased; the cache is thrashing"
@@ -235,33 +213,6 @@ class ShardService:
             return False
         entry.validated_at = self._clock()
         return True
-
-    async def _checksum_holds(self, entry: Entry, checksum: str | None) -> bool:
-        """Whether a resident shard matches the open's checksum; a copy that does not is evicted.
-
-        A shard published without a checksum (a prefetch: plans carry none) or with another one is hashed
-        once, in a worker thread, and the verified checksum recorded in its metadata, so later opens
-        carrying it are plain hits. On a mismatch the open fetches again with the checksum, which either
-        brings the right bytes or answers 502 `checksum_mismatch`.
-        """
-        if checksum is None:
-            return True
-        wanted = normalize_checksum(checksum)
-        if entry.checksum == wanted:
-            return True
-        try:
-            matches = await self._blocking(file_matches, entry.path, wanted)
-        except FileNotFoundError:
-            return False  # evicted meanwhile: `_acquire` looks again
-        if self.store.by_url.get(entry.url) is not entry:
-            return False
-        if matches:
-            entry.checksum = wanted
-            await self._blocking(self.store.write_meta, entry)
-            return self.store.by_url.get(entry.url) is entry  # still resident after the awaits
-        logger.warning("%s: the cached copy does not match %s; fetching it again", entry.url, wanted)
-        self.space.evict(entry.url, "checksum_mismatch")
-        return False
 
     def start_fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False

@@ -2,7 +2,7 @@
 
 Space is reserved before a download starts, evicting what the planner chooses, so the capacity holds with
 downloads in flight, and so does the cache filesystem's real free space (statvfs). Shards that opens are
-waiting to lease (`awaited`) are never chosen: their open was recorded on arrival, so no plan protects
+waiting to lease (`awaiting`) are never chosen: their open was recorded on arrival, so no plan protects
 them any more.
 """
 
@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-from shardcached.errors import InsufficientCapacity, ShuttingDown
+from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
-from shardcached.prefetch import NoRoom, prefetch_victim
+from shardcached.policies import prefetch_victim
 from shardcached.store import Entry, Store
 
 logger = logging.getLogger(__name__)
@@ -42,9 +42,23 @@ class Space:
         self.evict_wait_s = evict_wait_s
         self._clock = clock
         self._closing = closing
-        self.awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
+        self._awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
         self.evictions = 0
         self._changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def awaiting(self, url: str) -> Iterator[None]:
+        """While an open waits for `url`'s fetch: never pick `url` as a victim.
+
+        The open was recorded on arrival, so no plan protects the shard any more: until it is leased,
+        `make_room` must not evict it (another fetch may finish in between).
+        """
+        self._awaited[url] = self._awaited.get(url, 0) + 1
+        try:
+            yield
+        finally:
+            if (left := self._awaited.pop(url) - 1) > 0:
+                self._awaited[url] = left
 
     def changed(self) -> None:
         """Space or leases changed: wake the opens waiting for room."""
@@ -70,8 +84,8 @@ class Space:
         deadline = self._clock() + self.evict_wait_s
         while not store.fits(size) or self.disk_short(size):
             candidates = store.evictable()
-            if self.awaited:
-                candidates = [c for c in candidates if c not in self.awaited]
+            if self._awaited:
+                candidates = [c for c in candidates if c not in self._awaited]
             if candidates:
                 victim = (
                     self.planner.choose_victim(candidates, None)

@@ -18,7 +18,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,12 +73,17 @@ class Store:
         self.capacity = capacity
         self.lease_ttl_s = lease_ttl_s
         self._clock = clock
-        self.by_url: dict[str, Entry] = {}
+        self._by_url: dict[str, Entry] = {}
         self._doomed: dict[str, Entry] = {}
         self._leases: dict[str, Lease] = {}
         self.resident_bytes = 0
         self.doomed_bytes = 0
         self.reserved_bytes = 0
+
+    @property
+    def by_url(self) -> Mapping[str, Entry]:
+        """Resident shards by canonical URL (read-only: `add`, `remove` and `revive` change it)."""
+        return self._by_url
 
     # -- accounting -------------------------------------------------------------------------------------
     @property
@@ -226,7 +231,7 @@ class Store:
             self._insert(entry)
 
     def _insert(self, entry: Entry) -> None:
-        self.by_url[entry.url] = entry
+        self._by_url[entry.url] = entry
         self.resident_bytes += entry.size
 
     def revive(self, key: str, checksum: str | None = None) -> Entry | None:
@@ -247,7 +252,7 @@ class Store:
     # -- eviction ---------------------------------------------------------------------------------------
     def evictable(self) -> list[str]:
         """URLs of resident shards no lease holds."""
-        return [url for url, entry in self.by_url.items() if entry.leases == 0]
+        return [url for url, entry in self._by_url.items() if entry.leases == 0]
 
     def remove(self, url: str) -> Entry:
         """Drop a shard from the index; its files go now, or when its last lease ends.
@@ -255,7 +260,7 @@ class Store:
         Raises:
             NotFound: the shard is not resident.
         """
-        entry = self.by_url.pop(url, None)
+        entry = self._by_url.pop(url, None)
         if entry is None:
             raise NotFound(f"{url} is not in the cache", code="not_resident")
         self.resident_bytes -= entry.size

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 from prometheus_client import CollectorRegistry, Counter
 
-from shardcache.protocol import TelemetryReport
+from shardcache_protocol import TelemetryReport
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,8 @@
-"""Schemathesis against the daemon's own OpenAPI, over the ASGI app: no 5xx, no schema violation."""
+"""Schemathesis against the daemon's own OpenAPI, over the ASGI app as served: no 5xx, no schema violation.
+
+The app is assembled as server.py assembles it (`serving_app`: the FastAPI app behind the open/release hot
+path), so the requests that production answers without FastAPI are fuzzed too.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance, status_code_conformance
 
 from conftest import make_tar_shard
-from shardcached.app import create_app
+from shardcached.app import create_app, serving_app
 from shardcached.config import Settings
 from shardcached.planner import Planner
 from shardcached.store import Store
@@ -30,7 +34,7 @@ def fuzz_daemon(tmp_path: Path, examples: int, excluded: list[Any]) -> dict[str,
     config = Settings(cache_dir=tmp_path / "cache", capacity="64MiB", allow=[str(data)], socket="/tmp/unused")
     store = Store(config.cache_dir, config.capacity_bytes(), config.lease_ttl_s)
     store.recover()
-    app = create_app(config, store, Planner(), CollectorRegistry())
+    app = serving_app(create_app(config, store, Planner(), CollectorRegistry()))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     sent: dict[str, int] = {}
 

@@ -1,0 +1,116 @@
+"""The request and answer models of HTTP API v1 (JSON over the daemon's Unix socket)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/v1"
+# A shard URL is at most this long; bounded so a hostile request cannot make the daemon hash megabytes.
+MAX_URL_LENGTH = 4096
+MAX_PLAN_URLS = 1_000_000
+# No shard URL holds a control character; saying so in the schema makes such a URL a documented 422 at
+# validation instead of a 400 from deep in the daemon's canonicaliser.
+URL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+ShardUrl = Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Health(_Model):
+    """`GET /v1/health`."""
+
+    status: str = "ok"
+    version: str
+
+
+class OpenRequest(_Model):
+    """`POST /v1/shards/open`: make a shard local and lease it."""
+
+    url: ShardUrl
+    size: int | None = Field(default=None, ge=0, description="expected size in bytes (checked)")
+    checksum: str | None = Field(default=None, max_length=200, description="'<algo>:<hex>', e.g. 'sha256:…'")
+    plan: str | None = Field(default=None, max_length=128, description="the plan this open advances")
+
+
+class OpenGrant(_Model):
+    """The answer to an open: where the shard's file is, and the lease that keeps it there until released."""
+
+    url: str = Field(description="the canonical URL")
+    path: str = Field(description="absolute path of the cached file; open it, then release the lease")
+    size: int
+    lease: str = Field(description="release it with `POST /v1/shards/release` or a Shardcache-Release header")
+    hit: bool = Field(description="whether the shard was resident when the open arrived")
+
+
+OpenResponse = OpenGrant  # the name before the grant had one of its own
+
+
+class ReleaseRequest(_Model):
+    """`POST /v1/shards/release`."""
+
+    lease: str = Field(min_length=1, max_length=128)
+
+
+class PlanRequest(_Model):
+    """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch."""
+
+    job: str = Field(min_length=1, max_length=256)
+    slot: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    urls: list[ShardUrl] = Field(max_length=MAX_PLAN_URLS)
+
+
+class PlanResponse(_Model):
+    plan: str
+
+
+class PrefetchRequest(_Model):
+    """`POST /v1/prefetch`: warm shards in the background."""
+
+    urls: list[ShardUrl] = Field(min_length=1, max_length=MAX_PLAN_URLS)
+
+
+class PrefetchAccepted(_Model):
+    urls: list[str] = Field(description="the canonical URLs being warmed")
+
+
+class ShardInfo(_Model):
+    url: str
+    size: int
+    last_use: float | None = Field(description="Unix time of the last open, or null")
+    next_use: float | None = Field(description="Distance to the next planned use (opens ahead), null if none")
+    pinned: bool = False
+
+
+class ShardList(_Model):
+    shards: list[ShardInfo]
+
+
+class Stats(_Model):
+    capacity: int
+    used: int
+    resident_shards: int
+    hits: int
+    misses: int
+    hit_ratio: float
+    bytes_fetched: int
+    bytes_served: int
+    evictions: int
+    fetches_in_flight: int
+    plans: int
+    policy: str
+
+
+class TelemetryReport(_Model):
+    """`POST /v1/telemetry`: one trainer slot's data-plane figures since its previous report."""
+
+    job: str = Field(min_length=1, max_length=256)
+    slot: int = Field(ge=0)
+    samples: int = Field(ge=0, description="samples the trainer consumed in the interval")
+    wait_seconds: float = Field(ge=0, description="seconds the trainer waited for its next item")
+    corrupt_samples: int = Field(default=0, ge=0, description="samples skipped as corrupt")
+    interval_seconds: float = Field(ge=0, description="seconds since the previous report")
