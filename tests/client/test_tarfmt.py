@@ -10,7 +10,13 @@ import pytest
 from pipeline_support import write_tar
 
 from shardcache.errors import CorruptShardError
-from shardcache.sources.tarfmt import iter_members, iter_tar_samples, iter_tar_samples_stream, split_key
+from shardcache.sources.tarfmt import (
+    iter_members,
+    iter_members_stream,
+    iter_tar_samples,
+    iter_tar_samples_stream,
+    split_key,
+)
 
 LONG = "d/" + "x" * 150 + "/k1.txt"
 
@@ -87,6 +93,32 @@ def test_garbage_header_is_corrupt(tmp_path: Path) -> None:
     data[1024:1536] = b"\x07" * 512
     with pytest.raises(CorruptShardError, match="invalid tar header"):
         list(iter_tar_samples(bytes(data), "t.tar"))
+
+
+@pytest.mark.parametrize("reader", ["mmap", "stream"])
+def test_header_with_valid_magic_but_a_wrong_checksum_is_corrupt_naming_the_shard(
+    tmp_path: Path, reader: str
+) -> None:
+    path = write_tar(tmp_path / "t.tar", [("a.txt", b"x"), ("b.txt", b"y")])
+    data = bytearray(path.read_bytes())
+    assert data[1024 + 257 : 1024 + 262] == b"ustar"
+    data[1024] ^= 0x01  # "b.txt" becomes "c.txt"; the magic stays, the checksum no longer matches
+    with pytest.raises(CorruptShardError, match="checksum") as err:
+        if reader == "mmap":
+            list(iter_members(bytes(data), "s3://b/t.tar"))
+        else:
+            list(iter_members_stream(io.BytesIO(bytes(data)), "s3://b/t.tar"))
+    assert "s3://b/t.tar" in str(err.value)
+    assert err.value.member == "after a.txt"
+
+
+def test_header_checksummed_over_signed_bytes_is_accepted(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", [("é.txt", b"x")], tarfile.USTAR_FORMAT)
+    data = bytearray(path.read_bytes())
+    header = data[:512]
+    signed = sum(b - 256 if b > 127 else b for b in header[:148] + header[156:]) + 8 * 32
+    data[148:156] = b"%06o\0 " % signed
+    assert [name for name, _, _ in iter_members(bytes(data), "t.tar")] == ["é.txt"]
 
 
 @pytest.mark.parametrize("record", [b"0 path=a.txt\n", b"x7 path=a\n", b"20 size=many\n"])

@@ -4,12 +4,15 @@ Why not `tarfile`: it builds a TarInfo object per member and reads through a fil
 pipeline at roughly WebDataset's speed (~25-30k samples/s of 4 KB here). Walking the 512-byte headers of an
 mmap of the local file the daemon hands back costs a few slices per member, about 10x faster. Handled:
 ustar (with the name prefix), GNU long names (`././@LongLink`, type L), pax headers (type x: path, size),
-base-256 sizes; directories, links and other non-files are skipped. A header that cannot be parsed, or
-data running past the end of the file, raises CorruptShardError naming the shard and the member.
+base-256 sizes; directories, links and other non-files are skipped. Every header's checksum is verified
+(as tarfile does); a header that fails it or cannot be parsed, or data running past the end of the file,
+raises CorruptShardError naming the shard and the member. Both readers (mmap and stream) resolve member
+names with one `_MemberNames`.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import IO, Protocol
 
@@ -22,6 +25,7 @@ _GNU_LONGNAME = 0x4C  # 'L'
 _GNU_LONGLINK = 0x4B  # 'K'
 _PAX = 0x78  # 'x'
 _PAX_GLOBAL = 0x67  # 'g'
+_META = frozenset((_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL))  # blocks about the next member
 
 
 class Buffer(Protocol):
@@ -32,12 +36,24 @@ class Buffer(Protocol):
 
 
 def _checksum_ok(header: bytes) -> bool:
+    """Whether the header's checksum field matches its bytes (the field itself counted as 8 spaces).
+
+    The byte sum is taken from Adler-32's low half (1 + the byte sum, mod 65521) over each 256-byte half:
+    a half sums to at most 65280, so each is exact, and zlib computes it about 4x faster than `sum()`.
+    Old tars that summed signed bytes are accepted too, as tarfile accepts them.
+    """
     stored = header[148:156].split(b"\0", 1)[0].strip()
     try:
         expected = int(stored or b"0", 8)
     except ValueError:
         return False
-    return sum(header[:148]) + 8 * 32 + sum(header[156:]) == expected
+    field = header[148:156]
+    unsigned = (zlib.adler32(header[:256]) & 0xFFFF) + (zlib.adler32(header[256:]) & 0xFFFF) - 2
+    unsigned += 8 * 32 - sum(field)
+    if unsigned == expected:
+        return True
+    signed = unsigned - 256 * sum(1 for b in header[:148] + header[156:] if b > 127)
+    return signed == expected
 
 
 def _parse_size(field: bytes) -> int:
@@ -49,9 +65,10 @@ def _parse_size(field: bytes) -> int:
 
 def _parse_header(header: bytes, shard: str, previous: str | None) -> tuple[str, int, int]:
     """(name, size, typeflag) of one header block, or CorruptShardError."""
-    if header[257:262] != b"ustar" and not _checksum_ok(header):
-        # No ustar magic: accept only a valid v7 header (checksum matches); anything else is garbage.
-        raise CorruptShardError(shard, "invalid tar header (bad magic and checksum)", _after(previous))
+    if not _checksum_ok(header):
+        raise CorruptShardError(
+            shard, "invalid tar header (its checksum does not match its bytes)", _after(previous)
+        )
     try:
         size = _parse_size(header[124:136])
     except ValueError as exc:
@@ -87,23 +104,58 @@ def _pax_records(data: bytes, shard: str, previous: str | None) -> dict[str, str
     return records
 
 
+class _MemberNames:
+    """What a member is called: its header's name, unless GNU long-name or pax blocks before it say more.
+
+    Both readers feed it: `describe` with each block that describes the next member (types L, K, x, g),
+    `size` and `resolve` with each real member; `previous` is the last member's name, for error messages.
+    """
+
+    __slots__ = ("long_name", "pax", "previous", "shard")
+
+    def __init__(self, shard: str) -> None:
+        self.shard = shard
+        self.long_name: str | None = None
+        self.pax: dict[str, str] | None = None
+        self.previous: str | None = None
+
+    def size(self, size: int) -> int:
+        """The member's size: a pax `size` record overrides the header's field."""
+        pax = self.pax
+        return int(pax["size"]) if pax is not None and "size" in pax else size
+
+    def describe(self, kind: int, data: bytes) -> None:
+        if kind == _GNU_LONGNAME:
+            self.long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind == _PAX:
+            self.pax = _pax_records(data, self.shard, self.previous)
+        # GNU long link names and pax global headers change no member name or size
+
+    def resolve(self, member: str) -> str:
+        """The name of the member whose header names it `member`; clears what described it."""
+        if self.long_name is not None:
+            member, self.long_name = self.long_name, None
+        if self.pax is not None:
+            member = self.pax.get("path", member)
+            self.pax = None
+        self.previous = member
+        return member
+
+
 def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
     """Yield (name, offset, size) of each regular file in a tar held in `buf` (an mmap or bytes)."""
     n = len(buf)
     pos = 0
-    long_name: str | None = None
-    pax: dict[str, str] | None = None
-    name: str | None = None
+    names = _MemberNames(shard)
     while pos < n:
         if pos + BLOCK > n:
-            raise CorruptShardError(shard, "truncated tar header", _after(name))
+            raise CorruptShardError(shard, "truncated tar header", _after(names.previous))
         header = buf[pos : pos + BLOCK]
         if header == _ZERO_BLOCK:
             return
-        member, size, kind = _parse_header(header, shard, name)
+        member, size, kind = _parse_header(header, shard, names.previous)
         start = pos + BLOCK
-        if pax is not None and "size" in pax:
-            size = int(pax["size"])
+        size = names.size(size)
         end = start + size
         if end > n:
             raise CorruptShardError(
@@ -112,54 +164,31 @@ def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
         pos = start + ((size + BLOCK - 1) & ~(BLOCK - 1))
         if pos > n:
             raise CorruptShardError(shard, "truncated tar file (member padding missing)", member)
-        if kind == _GNU_LONGNAME:
-            long_name = buf[start:end].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if kind in _META:
+            names.describe(kind, buf[start:end])
             continue
-        if kind == _PAX:
-            pax = _pax_records(buf[start:end], shard, name)
-            continue
-        if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
-            continue
-        if long_name is not None:
-            member, long_name = long_name, None
-        if pax is not None:
-            member = pax.get("path", member)
-            pax = None
-        name = member
+        member = names.resolve(member)
         if kind in _REGULAR:
             yield member, start, size
 
 
 def iter_members_stream(f: IO[bytes], shard: str) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of each regular file of a tar read sequentially from a non-seekable stream."""
-    long_name: str | None = None
-    pax: dict[str, str] | None = None
-    name: str | None = None
+    names = _MemberNames(shard)
     while True:
-        header = _read_exact(f, BLOCK, shard, name, allow_eof=True)
+        header = _read_exact(f, BLOCK, shard, names.previous, allow_eof=True)
         if not header or header == _ZERO_BLOCK:
             return
-        member, size, kind = _parse_header(header, shard, name)
-        if pax is not None and "size" in pax:
-            size = int(pax["size"])
+        member, size, kind = _parse_header(header, shard, names.previous)
+        size = names.size(size)
         data = _read_exact(f, size, shard, member)
         padding = (-size) % BLOCK
         if padding:
             _read_exact(f, padding, shard, member)
-        if kind == _GNU_LONGNAME:
-            long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if kind in _META:
+            names.describe(kind, data)
             continue
-        if kind == _PAX:
-            pax = _pax_records(data, shard, name)
-            continue
-        if kind in (_PAX_GLOBAL, _GNU_LONGLINK):
-            continue
-        if long_name is not None:
-            member, long_name = long_name, None
-        if pax is not None:
-            member = pax.get("path", member)
-            pax = None
-        name = member
+        member = names.resolve(member)
         if kind in _REGULAR:
             yield member, data
 
