@@ -79,17 +79,22 @@ def mini_epochs(
         # DataLoader(num_workers=0) loads in the main process: one slot per rank.
         ctx = dataclasses.replace(ctx, worker_id=0, num_workers=max(1, num_workers))
     shards = dataset.source.shards
+    owner = _node_owner(dataset, ctx)
 
     def chunked(epoch: int) -> list[list[int]]:
+        if owner is not None:
+            return _node_chunks(owner, ctx, epoch, shards_per_chunk)
         order = permutation(len(shards), ctx.seed, epoch)
         return [order[i : i + shards_per_chunk] for i in range(0, len(order), shards_per_chunk)]
 
     chunks = chunked(ctx.epoch)
-    _check_slots(chunks, shards_per_chunk, ctx)
+    if owner is None:
+        _check_slots(chunks, shards_per_chunk, ctx)
     order = [i for chunk in chunks for i in chunk]
     groups = [(ctx.epoch, tuple(shards[i].url for i in c)) for c in chunks]
     groups += [(ctx.epoch + 1, tuple(shards[i].url for i in c)) for c in chunked(ctx.epoch + 1)]
     job = dataset.source.options.get("job") or job_id([ref.url for ref in shards], ctx.seed)
+    urls = [ref.url for ref in shards]
     logger.info(
         "epoch %d: %d shards in %d mini epochs of up to %d shards",
         ctx.epoch,
@@ -102,13 +107,46 @@ def mini_epochs(
             dataclasses.replace(
                 dataset.source,
                 shards=tuple(shards[i] for i in chunk),
-                options={**dataset.source.options, "job": job, "plan_following": tuple(groups[k + 1 :])},
+                options={
+                    **dataset.source.options,
+                    "job": job,
+                    "plan_following": tuple(groups[k + 1 :]),
+                    **({} if owner is None else {"node_owners": tuple(zip(urls, owner, strict=True))}),
+                },
             ),
             dataset.stages,
             epoch=ctx.epoch,
         )
         for k, chunk in enumerate(chunks)
     ]
+
+
+def _node_owner(dataset: Dataset, ctx: RuntimeContext) -> list[int] | None:
+    """Each shard's node group when the dataset uses node placement (None: global placement)."""
+    from shardcache.sources import node_class
+    from shardcache.sources.partition import owners, weights_of
+
+    node = node_class(dataset.source.kind)(dataset.source, ctx)
+    if node.partitioning.placement != "node" or ctx.node_groups < 2:
+        return None
+    shards = dataset.source.shards
+    weights = weights_of([ref.num_samples for ref in shards], [ref.size for ref in shards])
+    return owners(weights, ctx.node_groups, ctx.seed)
+
+
+def _node_chunks(owner: list[int], ctx: RuntimeContext, epoch: int, shards_per_chunk: int) -> list[list[int]]:
+    """Chunks of an epoch under node placement: chunk k holds the k-th part of every node's own order, so
+    each node keeps reading its own shards and every chunk spreads over all nodes."""
+    from shardcache.sources.partition import permutation as group_permutation
+
+    count = -(-len(owner) // shards_per_chunk)
+    chunks: list[list[int]] = [[] for _ in range(count)]
+    for g in range(ctx.node_groups):
+        mine = [i for i, o in enumerate(owner) if o == g]
+        order = [mine[i] for i in group_permutation(len(mine), ctx.seed, epoch, 0, f":chunks{g}")]
+        for k in range(count):
+            chunks[k].extend(order[k * len(order) // count : (k + 1) * len(order) // count])
+    return chunks
 
 
 def _check_slots(chunks: list[list[int]], shards_per_chunk: int, ctx: RuntimeContext) -> None:

@@ -186,7 +186,19 @@ class SourceNode(Node):
             self.ctx.seed,
             self.epoch,
             round_index,
+            fixed_owner=self.fixed_owner(units),
         )
+
+    def fixed_owner(self, units: list[Unit]) -> list[int] | None:
+        """Each unit's node group when a larger dataset decided it (`node_owners`, set by mini_epochs)."""
+        pairs = self.spec.options.get("node_owners")
+        if not pairs:
+            return None
+        owner = dict(pairs)
+        groups = max(owner.values()) + 1
+        if groups != self.ctx.node_groups:
+            return None  # decided for another layout: plan this dataset on its own
+        return [owner.get(u.ref.url, 0) for u in units]
 
     def weights(self, units: list[Unit]) -> tuple[float, ...]:
         """Node-placement weights of the units (metadata only: see `partition.weights_of`)."""
@@ -302,7 +314,7 @@ class SourceNode(Node):
         Exact for sources whose units need no I/O to list (tars, jsonl); sources that must read shard
         metadata for their units override this with a shard-level estimate.
         """
-        options = {k: v for k, v in self.spec.options.items() if k not in PLAN_OPTIONS}
+        options = {k: v for k, v in self.spec.options.items() if k not in PLAN_OPTIONS or k == "node_owners"}
         spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options=options)
         sibling = type(self)(spec, self.ctx.with_epoch(epoch), self.facts)
         units = sibling.units()

@@ -248,6 +248,7 @@ def plan_epoch(
     epoch: int,
     round_index: int = 0,
     shuffle: bool = True,
+    fixed_owner: Sequence[int] | None = None,
 ) -> list[list[Piece]]:
     """Every slot's pieces for one epoch (or resampling round), in reading order.
 
@@ -258,12 +259,17 @@ def plan_epoch(
         partitioning: Placement, even mode and exchange fraction.
         seed, epoch, round_index: What the orders derive from.
         shuffle: Permute per epoch (False: canonical order, for sources that must not reorder).
+        fixed_owner: Each unit's node group, decided by a larger dataset this one is part of (a mini-epoch
+            chunk); canonical order is then the unit order.
     """
     groups = layout.groups if partitioning.placement == "node" else 1
     if groups > 1:
-        owner = owners(weights, groups, seed)
+        if fixed_owner is not None:
+            owner, rank = list(fixed_owner), {u: u for u in range(len(weights))}
+        else:
+            owner = owners(weights, groups, seed)
+            rank = {u: i for i, u in enumerate(u for m in node_members(weights, groups, seed) for u in m)}
         owner = exchanged(owner, partitioning.exchange, groups, seed, epoch)
-        rank = {u: i for i, u in enumerate(u for m in node_members(weights, groups, seed) for u in m)}
         group_lists: list[list[Piece]] = [[] for _ in range(groups)]
         for piece in sorted(universe, key=lambda p: (rank[p.unit], p.start)):
             group_lists[owner[piece.unit]].append(piece)

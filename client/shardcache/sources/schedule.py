@@ -36,11 +36,16 @@ logger = logging.getLogger(__name__)
 JOB_ENV = "SHARDCACHE_JOB"
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
-PLAN_OPTIONS = ("plan_following", "job")
+PLAN_OPTIONS = ("plan_following", "job", "node_owners")
 
 
 def check_plan_options(options: dict[str, Any]) -> None:
     """Validate `plan_following` (a sequence of (epoch, urls) groups) and `job` (a non-empty string)."""
+    owners = options.get("node_owners")
+    if owners is not None and not (
+        isinstance(owners, tuple) and all(isinstance(o, tuple) and len(o) == 2 for o in owners)
+    ):
+        raise ConfigError("node_owners=: expected ((url, node group), ...) pairs (set by mini_epochs)")
     job = options.get("job")
     if job is not None and (not isinstance(job, str) or not job):
         raise ConfigError(f"job={job!r}: expected a non-empty string (the id every piece of the job shares)")
