@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
+from shardcache.sources.partition import permutation
 
 if TYPE_CHECKING:
     from shardcache.daemon_client import DaemonClient
@@ -62,13 +62,6 @@ def check_plan_options(options: dict[str, Any]) -> None:
             raise ConfigError(f"plan_following=: group {group!r} is not an (epoch, [url, ...]) pair")
         if not all(isinstance(url, str) for url in group[1]):
             raise ConfigError(f"plan_following=: group {group!r} holds a non-string url")
-
-
-def permutation(n: int, seed: int, epoch: int, round_index: int = 0) -> list[int]:
-    """The permutation of range(n) for (seed, epoch, round); a str seed hashes the same in every process."""
-    order = list(range(n))
-    random.Random(f"shardcache:{seed}:{epoch}:{round_index}").shuffle(order)
-    return order
 
 
 def slot_order(
