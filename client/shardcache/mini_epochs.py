@@ -21,7 +21,8 @@ import logging
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError
-from shardcache.sources.schedule import job_id, permutation
+from shardcache.sources.partition import permutation
+from shardcache.sources.schedule import job_id
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +138,11 @@ def _node_owner(dataset: Dataset, ctx: RuntimeContext) -> list[int] | None:
 def _node_chunks(owner: list[int], ctx: RuntimeContext, epoch: int, shards_per_chunk: int) -> list[list[int]]:
     """Chunks of an epoch under node placement: chunk k holds the k-th part of every node's own order, so
     each node keeps reading its own shards and every chunk spreads over all nodes."""
-    from shardcache.sources.partition import permutation as group_permutation
-
     count = -(-len(owner) // shards_per_chunk)
     chunks: list[list[int]] = [[] for _ in range(count)]
     for g in range(ctx.node_groups):
         mine = [i for i, o in enumerate(owner) if o == g]
-        order = [mine[i] for i in group_permutation(len(mine), ctx.seed, epoch, 0, f":chunks{g}")]
+        order = [mine[i] for i in permutation(len(mine), ctx.seed, epoch, 0, f":chunks{g}")]
         for k in range(count):
             chunks[k].extend(order[k * len(order) // count : (k + 1) * len(order) // count])
     return chunks

@@ -3,6 +3,7 @@
 Every file is cut into `total_slots` contiguous line ranges and slot s reads range s of every file, in a file
 order fixed by (seed, epoch): each line is read once per epoch across slots, whatever the number of files.
 Fields named in `ref_fields` may hold `tar://<shard>#<key>.<field>` references, resolved to member bytes.
+Files may be compressed (`.jsonl.gz`; `.jsonl.zst` with the `zstd` extra), and so may referenced tars.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 from shardcache.errors import ConfigError, ShardError
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.opener import ShardOpener
-from shardcache.sources.schedule import permutation
+from shardcache.sources.partition import permutation
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
 TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"
@@ -60,7 +62,11 @@ class JsonlSource(SourceNode):
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         with self.opener.open(unit.ref, plan) as f:
-            lines = read_lines(f.read())
+            data = f.read()
+        if not data:
+            warn_empty(unit.ref.url)
+            return
+        lines = read_lines(decompress_all(data, unit.ref.url))  # `.jsonl.gz`, `.jsonl.zst`
         total = 1 if self.partitioned else self.ctx.total_slots
         first = unit.part * len(lines) // total
         last = (unit.part + 1) * len(lines) // total
@@ -128,12 +134,17 @@ class TarRefResolver:
             return hit[1], hit[2]
         stack = ExitStack()
         try:
-            buf = stack.enter_context(self.opener.open_buffer(ShardRef(shard)))
+            buf: Any = None
             index: dict[str, Any]
-            if isinstance(buf, mmap.mmap):
-                index = {name: (offset, size) for name, offset, size in iter_members(buf, shard)}
+            if compression_of(shard) is not None:  # decompressed once; its members are kept as bytes
+                raw = stack.enter_context(self.opener.open(ShardRef(shard)))
+                index = dict(iter_members_stream(decompressed_stream(raw, shard)[0], shard))
             else:
-                index = dict(iter_members_stream(buf, shard))
+                buf = stack.enter_context(self.opener.open_buffer(ShardRef(shard)))
+                if isinstance(buf, mmap.mmap):
+                    index = {name: (offset, size) for name, offset, size in iter_members(buf, shard)}
+                else:
+                    index = dict(iter_members_stream(buf, shard))
         except BaseException:
             stack.close()
             raise

@@ -21,7 +21,8 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
-from shardcache.sources.schedule import permutation, slot_order
+from shardcache.sources.partition import permutation
+from shardcache.sources.schedule import slot_order
 from shardcache.subsets import select
 
 logger = logging.getLogger(__name__)
