@@ -4,9 +4,12 @@ Reports p50/p99/max of the time `DaemonClient.open` takes to yield the file (the
 shard) and of the whole open/read-header/close cycle, plus opens per second across all processes. Target:
 p99 <= 5 ms. Two client variants run in one go: the shipped one (a shard closed at once is released by the
 `Shardcache-Release` header of the next open: one request per shard) and one that sends a release request
-per shard (answer read during the next open), to show what the header buys. The processes saturate the
-machine's cores, as DataLoader workers do. `SHARDCACHED_PROFILE=/tmp/d.prof` makes the daemon dump a
-cProfile of its whole run there at exit.
+per shard (answer read during the next open), to show what the header buys. A third variant is the
+baseline for the hand-written transport: the same cycle through httpx over the Unix socket
+(`httpx.HTTPTransport(uds=...)`, keep-alive, the release sent in the next open's `Shardcache-Release`
+header, as the shipped client does), measured in the same run; the ratio of the p50s and p99s is printed.
+The processes saturate the machine's cores, as DataLoader workers do. `SHARDCACHED_PROFILE=/tmp/d.prof`
+makes the daemon dump a cProfile of its whole run there at exit.
 
     .venv/bin/python -m bench.bench_open_latency                             # 16 processes, 5 s per variant
     .venv/bin/python -m bench.bench_open_latency --procs 4 --seconds 1       # quick
@@ -74,15 +77,70 @@ def client_loop(
     out.put((opens, cycles))
 
 
+def httpx_loop(
+    socket: str,
+    urls: list[str],
+    seconds: float,
+    release_request: bool,
+    start: Any,
+    out: Any,
+    profile: str | None,
+) -> None:
+    """The same cycle as `client_loop` with httpx over the Unix socket: the baseline of the transport."""
+    import httpx
+
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://localhost", timeout=60)
+    pending: list[str] = []
+
+    def cycle(url: str) -> float:
+        headers = {"Shardcache-Release": ",".join(pending)} if pending else None
+        started = time.perf_counter()
+        answer = client.post("/v1/shards/open", json={"url": url}, headers=headers)
+        answer.raise_for_status()
+        grant = answer.json()
+        pending.clear()
+        with open(grant["path"], "rb") as handle:
+            opened = time.perf_counter()
+            handle.read(HEADER)
+        pending.append(grant["lease"])
+        return opened - started
+
+    for url in urls:
+        cycle(url)
+    profiler = cProfile.Profile() if profile else None
+    start.wait()
+    opens, cycles = [], []
+    deadline = time.perf_counter() + seconds
+    index = os.getpid()
+    if profiler:
+        profiler.enable()
+    while (now := time.perf_counter()) < deadline:
+        opens.append(cycle(urls[index % len(urls)]))
+        index += 1
+        cycles.append(time.perf_counter() - now)
+    if profiler:
+        profiler.disable()
+        assert profile is not None
+        profiler.dump_stats(profile)
+    client.close()
+    out.put((opens, cycles))
+
+
 def run_variant(
-    socket: str, urls: list[str], procs: int, seconds: float, release_request: bool, profile: str | None
+    socket: str,
+    urls: list[str],
+    procs: int,
+    seconds: float,
+    release_request: bool,
+    profile: str | None,
+    loop: Any = client_loop,
 ) -> tuple[np.ndarray, np.ndarray]:
     context = multiprocessing.get_context("fork")
     start = context.Barrier(procs + 1)
     out = context.Queue()
     workers = [
         context.Process(
-            target=client_loop,
+            target=loop,
             args=(socket, urls, seconds, release_request, start, out, profile if i == 0 else None),
         )
         for i in range(procs)
@@ -163,16 +221,29 @@ def main(argv: list[str] | None = None) -> None:
             f"shards, {args.seconds:g} s per variant"
         )
         print(cpu_split(daemon.socket, daemon.process.pid, urls, 1000))
-        for label, release_request in (("release on next open", False), ("release request per open", True)):
-            profile = str(work / f"profile-{int(release_request)}.out") if args.profile else None
+        variants = (
+            ("release on next open", False, client_loop),
+            ("release request per open", True, client_loop),
+            ("httpx over the socket, release on next open", False, httpx_loop),
+        )
+        results = {}
+        for number, (label, release_request, loop) in enumerate(variants):
+            profile = str(work / f"profile-{number}.out") if args.profile else None
             opens, cycles = run_variant(
-                daemon.socket, urls, args.procs, args.seconds, release_request, profile
+                daemon.socket, urls, args.procs, args.seconds, release_request, profile, loop
             )
+            results[label] = opens
             print(f"[{label}] {len(opens) / args.seconds:,.0f} opens/s")
             print("  " + describe("open (until file yielded)", opens))
             print("  " + describe("open + header + close", cycles))
             if profile:
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(18)
+        ours = np.percentile(results[variants[0][0]], [50, 99])
+        theirs = np.percentile(results[variants[2][0]], [50, 99])
+        print(
+            f"httpx / hand-written transport, open latency: p50 {theirs[0] / ours[0]:.1f}x, "
+            f"p99 {theirs[1] / ours[1]:.1f}x"
+        )
         print("target: p99 of open <= 5 ms")
     finally:
         if daemon is not None:
