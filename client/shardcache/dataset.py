@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError, StateError
-from shardcache.iteration import STATE_VERSION, PipelineIterator, in_main_process
+from shardcache.errors import ConfigError, StateError, UnsupportedResume
+from shardcache.iteration import STATE_VERSION, PipelineIterator, _source_of, in_main_process
 from shardcache.shards import ShardRef, expand_shards
-from shardcache.sources import SourceSpec, canonical_kind, check_options, node_class
+from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
+from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import check_daemon_setting
 from shardcache.stages import (
     AssembleStage,
@@ -65,19 +66,22 @@ def _describe(source: SourceSpec, stages: Sequence[Stage]) -> str:
 class _Runtime:
     """The mutable side of a Dataset: the epoch set by `set_epoch`, the latest iterator, a state to resume."""
 
-    __slots__ = ("epoch", "iterator", "pending")
+    __slots__ = ("epoch", "facts", "iterator", "pending")
 
-    def __init__(self, epoch: int | None = None) -> None:
+    def __init__(self, epoch: int | None = None, facts: RunFacts | None = None) -> None:
         self.epoch = epoch
+        self.facts = facts if facts is not None else RunFacts()
         self.iterator: PipelineIterator | None = None
         self.pending: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A pickled Dataset (DataLoader workers) carries its epoch and pending state, not a live iterator.
-        return {"epoch": self.epoch, "pending": self.pending}
+        # A pickled Dataset (DataLoader workers) carries its epoch, pending state and the main process's
+        # run facts (sample counts, torch.distributed), not a live iterator.
+        return {"epoch": self.epoch, "pending": self.pending, "facts": self.facts}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.epoch, self.pending, self.iterator = state["epoch"], state["pending"], None
+        self.facts = state.get("facts") or RunFacts()
 
 
 class Dataset:
@@ -90,10 +94,17 @@ class Dataset:
         ...     train_step(sample)
     """
 
-    def __init__(self, source: SourceSpec, stages: Sequence[Stage] = (), *, epoch: int | None = None) -> None:
+    def __init__(
+        self,
+        source: SourceSpec,
+        stages: Sequence[Stage] = (),
+        *,
+        epoch: int | None = None,
+        facts: RunFacts | None = None,
+    ) -> None:
         self._source = source
         self._stages: tuple[Stage, ...] = tuple(stages)
-        self._runtime = _Runtime(epoch)
+        self._runtime = _Runtime(epoch, facts)
         _register_with_torch()
 
     # -- construction ---------------------------------------------------------------------------------------
@@ -123,6 +134,16 @@ class Dataset:
                 `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan"). Every kind also takes the
                 planning hints `job` (the daemon job id) and `plan_following` ((epoch, urls) groups read
                 after this dataset); `mini_epochs` sets both, and neither changes the data or fingerprint.
+                Shard kinds (tars, jsonl, parquet) take the partitioning options (see
+                `shardcache.sources.partition` and docs/cluster.md): `placement` ("auto": "node" when the
+                context spans several nodes, else "global"; "node": each node keeps a fixed share of the
+                units across epochs, reshuffled among its ranks and workers every epoch; "global": a fresh
+                global deal every epoch), `exchange` (a fraction of each node's units moved to other
+                nodes every epoch, for more mixing at about that fraction of the dataset in downloads),
+                and `even` ("auto": "drop" when torch.distributed runs several ranks, else None;
+                "drop": every rank reads the same number of samples, fewer than world_size left out per
+                epoch; "pad": the same with at most as many repeats, marked `__pad__: True` (others
+                `False`); None: whole shards, ranks may get different amounts).
 
         Raises:
             ConfigError: an unknown kind or argument, or a bad value; the message names it.
@@ -185,7 +206,7 @@ class Dataset:
 
     def with_stages(self, stages: Sequence[Stage]) -> Dataset:
         """The same source with another stage list."""
-        return Dataset(self._source, stages, epoch=self._runtime.epoch)
+        return Dataset(self._source, stages, epoch=self._runtime.epoch, facts=self._runtime.facts)
 
     def _add(self, stage: Stage) -> Dataset:
         return self.with_stages((*self._stages, stage))
@@ -280,9 +301,40 @@ class Dataset:
         raise StateError("state_dict(): this dataset has not been iterated yet; iterate it first")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration resume from `state` (as taken by `state_dict()`)."""
-        self._check_state(state, None)
+        """Make the next iteration resume from `state`: this reader's own `state_dict()`, or the states of
+        every rank merged by `shardcache.merge_states` (which resumes on any number of nodes, ranks and
+        workers; see `shardcache.elastic`)."""
+        from shardcache.elastic import is_merged
+
+        if is_merged(state):
+            self._check_merged(state)
+        else:
+            self._check_state(state, None)
         self._runtime.pending = state
+
+    def count_samples(self, context: RuntimeContext | None = None) -> None:
+        """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
+
+        `Dataset.__iter__` and `TorchLoader` call it in the trainer's main process; call it yourself before
+        handing the dataset to a plain torch DataLoader, whose workers cannot share counts.
+        """
+        self._runtime.facts.capture()
+        if self._source.kind == "mix" or any(stage.kind == "cache" for stage in self._stages):
+            return  # a mix's members count when they are read; a cached dataset's rows are lance's
+        node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
+        if not isinstance(node, SourceNode) or not node.partitionable:
+            return
+        if node.partitioning.even is not None:
+            from shardcache.subsets import select_units
+
+            units = select_units(self._source.kind, node.units(), self._source.options.get("subset"))
+            unit_counts(node, units)
+        node.close()
+
+    def _check_merged(self, state: dict[str, Any]) -> None:
+        from shardcache.elastic import check_merged
+
+        check_merged(state, self.fingerprint())
 
     def _check_state(self, state: Any, ctx: RuntimeContext | None) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -315,13 +367,27 @@ class Dataset:
     def iter_context(self, context: RuntimeContext | None = None) -> PipelineIterator:
         """Iterate as the slot `context` names (tests simulate ranks and workers this way)."""
         ctx = self.resolve_context(context)
+        self._runtime.facts.capture()
         pending, self._runtime.pending = self._runtime.pending, None
+        origin = None
+        if pending is not None:
+            from shardcache.elastic import is_merged, own_or_origin
+
+            if is_merged(pending):
+                pending, origin = own_or_origin(self, pending, ctx)
         if pending is not None:
             self._check_state(pending, ctx)
             ctx = ctx.with_epoch(int(pending["epoch"]))
+        elif origin is not None:
+            ctx = ctx.with_epoch(int(origin["epoch"]))
         node = self.build(ctx)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
+        elif origin is not None:
+            source = _source_of(node)
+            if source is None:
+                raise UnsupportedResume("an elastic resume needs a pipeline over one source (not a mix)")
+            source.origin = origin
         iterator = PipelineIterator(node, ctx, self.fingerprint())
         if pending is not None and iterator._source is not None:
             skipped = pending.get("skipped_shards", 0)
@@ -330,6 +396,8 @@ class Dataset:
         return iterator
 
     def __iter__(self) -> Iterator[Any]:
+        if in_main_process():
+            self.count_samples()
         iterator = self.iter_context(None)
         if in_main_process():
             # A trainer's own loop: report its wait time to the daemon (DataLoader workers do not; a
@@ -351,7 +419,7 @@ class Dataset:
             path = materialise(Dataset(source, stages[:last]), ctx, dict(cache_stage.options))
             source = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
             stages = stages[last + 1 :]
-        node: Node = node_class(source.kind)(source, ctx)
+        node: Node = node_class(source.kind)(source, ctx, self._runtime.facts)
         for stage in stages:
             node = stage.node(node, ctx)
         return node
