@@ -329,12 +329,17 @@ class TorchLoader:
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
         from shardcache.sources.schedule import job_id
-        from shardcache.telemetry import for_reader
+        from shardcache.telemetry import for_reader, items_are_batches
 
         spec = self.dataset.source
         job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)
         merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
-        return for_reader(spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards)
+        # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
+        workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
+        batched = items_are_batches((s.kind for s in self.stages), workers_batch)
+        return for_reader(
+            spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards, batched
+        )
 
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
@@ -363,3 +368,21 @@ class TorchLoader:
         iterator = LoaderIterator(node, self._header(ctx), self._telemetry(node, ctx))
         self._runtime.iterator = iterator
         return iterator
+
+    def balance(
+        self,
+        drop_last: bool = True,
+        dummy_factory: Callable[[RuntimeContext], Any] | None = None,
+        buffer_size: int = 32,
+        chunk_size: int = 16,
+        max_transfer_per_round: int = 8,
+        topology: str = "node",
+        process_group: Any = None,
+    ) -> TorchLoader:
+        """The same number of items on every data-parallel rank, resumable (`shardcache.stages.balance`)."""
+        from shardcache.stages.builders import balance_stage
+
+        stage = balance_stage(
+            drop_last, dummy_factory, buffer_size, chunk_size, max_transfer_per_round, topology, process_group
+        )
+        return self._add(stage)

@@ -19,11 +19,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from shardcache import protocol
+from shardcache.discovery import discover
 from shardcache.errors import DaemonUnavailable
+from shardcache.jobs import JOB_ENV, script_name
 from shardcache.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -36,18 +38,50 @@ _REQUEST_TIMEOUT_S = 2.0
 
 
 def count_items(item: Any) -> int:
-    """Samples in one item: the batch size for tensors, lists and dicts of them, else 1."""
-    if isinstance(item, dict):
-        item = next(iter(item.values()), None)
-    if isinstance(item, (list, tuple)) and item:
-        first = item[0]
-        first_shape = getattr(first, "shape", None)
-        if first_shape:
-            return int(first_shape[0])
-        return len(item)
-    shape = getattr(item, "shape", None)
-    if shape:
-        return int(shape[0])
+    """Samples in one batch: its length, or its leading dimension for arrays and columns.
+
+    A batch is a list of samples (its length), a tuple of columns such as `(images, labels)` (the leading
+    dimension of the first), an array or tensor (its leading dimension), a table (`num_rows`), or a dict of
+    columns (the first column that has a length, looking into nested dicts: `{"meta": {"id": tensor},
+    ...}`). Anything else counts as one. Apply it to batches only: a single sample holding an image array
+    would count as the image's height.
+    """
+    if isinstance(item, Mapping):
+        count = _column_length(item)
+        return 1 if count is None else count
+    rows = getattr(item, "num_rows", None)
+    if isinstance(rows, int):
+        return rows
+    if isinstance(item, (list, tuple)):
+        if not item:
+            return 0
+        leading = _leading_dimension(item[0]) if isinstance(item, tuple) else None
+        return len(item) if leading is None else leading
+    leading = _leading_dimension(item)
+    return 1 if leading is None else leading
+
+
+def _leading_dimension(value: Any) -> int | None:
+    shape = getattr(value, "shape", None)
+    return int(shape[0]) if shape else None
+
+
+def _column_length(columns: Mapping[Any, Any]) -> int | None:
+    """The length of the first column of a dict batch that has one (nested dicts searched in order)."""
+    for value in columns.values():
+        if isinstance(value, Mapping):
+            count = _column_length(value)
+        elif isinstance(value, (list, tuple)):
+            count = len(value)
+        else:
+            count = _leading_dimension(value)
+        if count is not None:
+            return count
+    return None
+
+
+def one_per_item(item: Any) -> int:
+    """Each item is one sample (iterators that do not batch)."""
     return 1
 
 
@@ -55,10 +89,11 @@ class Telemetry:
     """Collects one trainer slot's wait time, samples and corrupt samples; reports them in the background.
 
     Args:
-        job: The training job's name (`SHARDCACHE_JOB` when None, else "default"). The daemon keeps the
-            most recent jobs only, so a name per run is fine.
+        job: The training job's name (`SHARDCACHE_JOB` when None, else the script's name, see
+            `shardcache.jobs`). The daemon keeps the most recent jobs only, so a name per run is fine.
         slot: The reader's slot (usually the rank).
-        socket: The daemon's socket (default: `SHARDCACHE_SOCKET`, else the platform default).
+        socket: The daemon's socket (default: `SHARDCACHE_SOCKET`, else the system daemon's socket when it
+            exists, else the per-user one; see `shardcache.discovery`).
         interval_s: Seconds between reports; 0 sends only on `flush()` and `close()`.
         count: How many samples one item holds (default: `count_items`, the leading dimension of a batch).
         skipped: A running total of skipped shards (e.g. `PipelineIterator.skipped_shards`), read by the
@@ -79,9 +114,9 @@ class Telemetry:
             raise ValueError(f"interval_s={interval_s!r}: expected seconds >= 0")
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot={slot!r}: expected an integer >= 0")
-        self.job = job or os.environ.get("SHARDCACHE_JOB") or "default"
+        self.job = job or os.environ.get(JOB_ENV) or script_name()
         self.slot = slot
-        self.socket = socket or os.environ.get(protocol.SOCKET_ENV) or protocol.default_socket_path()
+        self.socket = discover(socket).socket
         self.interval_s = interval_s
         self._count = count
         self._skipped = skipped
@@ -204,22 +239,32 @@ class Telemetry:
         self.close()
 
 
-def for_reader(daemon: Any, job: str, slot: int, skipped: Callable[[], int]) -> Telemetry | None:
+def for_reader(
+    daemon: Any, job: str, slot: int, skipped: Callable[[], int], batched: bool = True
+) -> Telemetry | None:
     """The automatic telemetry of one iteration (Dataset or TorchLoader), or None when `daemon=None`.
 
     Args:
         daemon: The source's `daemon=` setting: None turns telemetry off; a DaemonClient or a socket path
-            names the socket; "auto"/"required" use the default one.
+            names the socket; "auto"/"required" use the discovered one.
         job: The job id the reader's plans use.
         slot: The reader's slot in the main process (its rank's slot).
         skipped: The running count of skipped shards.
+        batched: The items are batches (`count_items` counts their samples); else each is one sample.
     """
     if daemon is None:
         return None
     socket = getattr(daemon, "socket", None)
     if socket is None and daemon not in ("auto", "required"):
         socket = str(daemon)
-    return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped)
+    count = count_items if batched else one_per_item
+    return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped, count=count)
+
+
+def items_are_batches(stage_kinds: Iterable[str], batched_before: bool) -> bool:
+    """Whether a pipeline's items are batches: its last batch/unbatch stage, else `batched_before`."""
+    kinds = [kind for kind in stage_kinds if kind in ("batch", "unbatch")]
+    return kinds[-1] == "batch" if kinds else batched_before
 
 
 # Items timed between two hand-overs of the totals to the reporting thread (see `timed_items`).
