@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +101,8 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
             `.jsonl` file is read as a manifest unless the source itself reads `.jsonl` data
             (`data_suffix=".jsonl"`), in which case only `*.manifest.jsonl` is a manifest.
         data_suffix: The file suffix the source reads (".tar", ".jsonl", ".parquet"), used only to tell
-            manifests from data.
+            manifests from data. Compressed names (`.tar.gz`, `.tgz`, `.jsonl.gz`, `.tar.zst`, `.jsonl.zst`)
+            are always data: a manifest is never compressed.
 
     Returns:
         The shards, in the order given (globs sorted).
@@ -143,12 +144,21 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
 
 
 def count_shard_samples(url: str, data: bytes) -> int | None:
-    """Samples in a shard's bytes: tar samples, jsonl lines, parquet rows; None for other kinds."""
-    if url.endswith(".tar"):
+    """Samples in a shard's bytes: tar samples, jsonl lines, parquet rows; None for other kinds.
+
+    Compressed tar and jsonl shards (`.tar.gz`, `.tgz`, `.jsonl.gz`, `.tar.zst`, `.jsonl.zst`) are counted
+    after decompression.
+    """
+    from shardcache.sources.compression import decompress_all, plain_name
+
+    kind = plain_name(url)
+    if kind != url and kind.endswith((".tar", ".jsonl")):
+        data = decompress_all(data, url)
+    if kind.endswith(".tar"):
         from shardcache.sources.tarfmt import iter_tar_samples
 
         return sum(1 for _ in iter_tar_samples(data, url))
-    if url.endswith(".jsonl"):
+    if kind.endswith(".jsonl"):
         return sum(1 for line in data.splitlines() if line.strip())
     if url.endswith(".parquet"):
         import io
@@ -182,7 +192,9 @@ def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_
             row["num_samples"] = count_shard_samples(ref.url, data)
         lines.append(json.dumps(row) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    # Created 0o666 less the umask, as `open()` would (mkstemp's 0o600 would hide it from a trainer's group).
+    tmp = str(out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.writelines(lines)

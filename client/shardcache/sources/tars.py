@@ -1,4 +1,8 @@
-"""The "tars" source: WebDataset-style tar shards, samples grouped by key, optional sidecar shards."""
+"""The "tars" source: WebDataset-style tar shards, samples grouped by key, optional sidecar shards.
+
+Shards may be plain (`.tar`) or compressed as WebDataset and tar write them (`.tar.gz`, `.tgz`; `.tar.zst`
+with the `zstd` extra): see `shardcache.sources.compression`.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ import mmap
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import IO, Any
 
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream
 
 logger = logging.getLogger(__name__)
@@ -76,10 +81,16 @@ class TarsSource(SourceNode):
     def _open(
         self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
     ) -> Iterator[dict[str, Any]]:
-        buf = stack.enter_context(self.opener.open_buffer(ref, plan))
-        if isinstance(buf, mmap.mmap):
-            return iter_tar_samples(buf, ref.url, level)
-        return iter_tar_samples_stream(buf, ref.url, level)
+        raw: IO[bytes]
+        if compression_of(ref.url) is None:
+            buf = stack.enter_context(self.opener.open_buffer(ref, plan))
+            if isinstance(buf, mmap.mmap):  # the fast path; never empty (an empty file cannot be mapped)
+                return iter_tar_samples(buf, ref.url, level)
+            raw = buf
+        else:  # streamed through the decompressor (see `sources.compression` for why)
+            raw = stack.enter_context(self.opener.open(ref, plan))
+        stream, source = decompressed_stream(raw, ref.url)
+        return warn_if_nothing_read(iter_tar_samples_stream(stream, ref.url, level), source, ref.url)
 
     def _zip_sidecars(
         self,
