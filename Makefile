@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := daemon,s3,torch,lance,parquet,dev
+EXTRAS := daemon,s3,torch,lance,parquet,zstd,dev
 PIP_QUIET := --quiet --disable-pip-version-check
 
 .PHONY: setup test lint typecheck demo bench clean
@@ -29,8 +29,9 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(VENV)/bin/pytest -q
 
+# The demo is an example beside the package (examples/trainer_demo); flags: make demo ARGS="--epochs 3".
 demo: $(STAMP)
-	$(PY) -m shardcache.demo
+	PYTHONPATH=examples$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m trainer_demo $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -33,7 +33,7 @@ import boto3
 import httpx
 
 from bench.belady_sim import Access, lru_fetches, min_fetches
-from shardcache.devservers import Daemon, S3Server, start_daemon, start_s3_server
+from tests.support.devservers import Daemon, S3Server, start_daemon, start_s3_server
 
 KIB = 1024
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shardcache.daemon_client import DaemonClient
-from shardcache.devservers import start_daemon
+from tests.support.devservers import start_daemon
 
 MIB = 1024 * 1024
 CHUNK = 8 * MIB

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from shardcache.daemon_client import DaemonClient
-from shardcache.devservers import start_daemon
+from tests.support.devservers import start_daemon
 
 HEADER = 512
 

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.daemon:
             from shardcache.daemon_client import DaemonClient
-            from shardcache.devservers import start_daemon
+            from tests.support.devservers import start_daemon
 
             daemon = start_daemon(root / "d.sock", root / "cache", [str(root)], capacity="4GiB")
             client = DaemonClient(str(daemon.socket), required=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.bench_egress import daemon_running, uds_client, upload_shards
 from shardcache.daemon_client import DaemonClient
-from shardcache.devservers import start_s3_server
+from tests.support.devservers import start_s3_server
 
 MIB = 1024 * 1024
 _CHUNK = 16 * 1024

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardcache.devservers import Daemon, S3Server, start_daemon, start_s3_server
+from support.devservers import Daemon, S3Server, start_daemon, start_s3_server
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

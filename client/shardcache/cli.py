@@ -2,13 +2,14 @@
 
     shardcache stats [--json]            counters: hits, misses, bytes, capacity
     shardcache ls [--json]               resident shards: url, size, last use, next use
-    shardcache warm URL... [--manifest F] [--background]
+    shardcache warm SPEC... [--manifest F] [--background]
     shardcache evict URL
     shardcache manifest PATTERN -o FILE
-    shardcache demo [...]
+    shardcache cache ls|rm               `.cache()` entries (no daemon)
+    shardcache demo [...]                the trainer demo, from a clone of the repository
 
-Every command talks to the daemon on `--socket` (default `SHARDCACHE_SOCKET`, then the platform default) and
-exits with status 1 and a one-line message when it cannot.
+Every daemon command talks to the daemon on `--socket` (given before or after the command; default
+`SHARDCACHE_SOCKET`, then the platform default) and exits with status 1 and a one-line message when it cannot.
 """
 
 from __future__ import annotations
@@ -19,22 +20,14 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from shardcache.daemon_client import DaemonClient
-from shardcache.errors import ShardcacheError
+from shardcache.errors import DaemonUnavailable, ShardcacheError
+from shardcache.formatting import human_bytes
+from shardcache.transport import _describe as describe_socket_error
 
 logger = logging.getLogger(__name__)
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(count: float) -> str:
-    """`1536` -> `'1.5 KiB'`."""
-    for unit in _UNITS:
-        if abs(count) < 1024 or unit == _UNITS[-1]:
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 def _ago(timestamp: float | None) -> str:
@@ -103,14 +96,19 @@ def cmd_ls(client: DaemonClient, args: argparse.Namespace) -> int:
 
 
 def cmd_warm(client: DaemonClient, args: argparse.Namespace) -> int:
-    targets: list[tuple[str, int | None, str | None]] = [(url, None, None) for url in args.urls]
-    if args.manifest:
-        from shardcache.shards import read_manifest
+    from shardcache.shards import ShardRef, expand_shards, read_manifest
 
-        targets += [(ref.url, ref.size, ref.checksum) for ref in read_manifest(args.manifest)]
-    if not targets:
+    refs: list[ShardRef] = []
+    if args.urls:
+        # The shard specs `from_source` takes. A positional `.jsonl` is a data shard unless it is named
+        # `*.manifest.jsonl`: any other manifest name goes through --manifest.
+        refs += expand_shards(args.urls, data_suffix=".jsonl")
+    if args.manifest:
+        refs += read_manifest(args.manifest)
+    if not refs:
         print("shardcache warm: give shard URLs or --manifest FILE", file=sys.stderr)
         return 2
+    targets = [(ref.url, ref.size, ref.checksum) for ref in refs]
     if args.background:
         client.prefetch([url for url, _, _ in targets])
         print(f"asked the daemon to prefetch {len(targets)} shards", file=sys.stderr)
@@ -141,41 +139,82 @@ def cmd_manifest(client: DaemonClient, args: argparse.Namespace) -> int:
     return 0
 
 
+_SOCKET_HELP = "the daemon's Unix socket (default: $SHARDCACHE_SOCKET, else the platform default)"
+
+
+def find_trainer_demo() -> Path | None:
+    """The `examples/` folder of the repository this package was installed from (editable), else None."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    return examples if (examples / "trainer_demo" / "run.py").is_file() else None
+
+
+def run_demo(demo_args: Sequence[str]) -> int:
+    """Run the trainer demo, which lives beside the package in the source repository, with `demo_args`."""
+    examples = find_trainer_demo()
+    if examples is None:
+        print(
+            "shardcache demo: the demo ships with the source repository, not with the package: "
+            "clone the repository and run `make demo` there",
+            file=sys.stderr,
+        )
+        return 2
+    # Spawned rank processes inherit sys.path, so they import the demo's modules from here too.
+    sys.path.insert(0, str(examples))
+    from trainer_demo.run import main as demo_main
+
+    return int(demo_main(demo_args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardcache", description="Inspect and steer the shardcache daemon."
     )
-    parser.add_argument(
-        "--socket", help="the daemon's Unix socket (default: $SHARDCACHE_SOCKET or the default)"
-    )
+    parser.add_argument("--socket", help=_SOCKET_HELP)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    # `--socket` after the command too (`shardcache stats --socket PATH`); SUPPRESS keeps a value given
+    # before the command when none is given after it.
+    daemon_flags = argparse.ArgumentParser(add_help=False)
+    daemon_flags.add_argument("--socket", default=argparse.SUPPRESS, help=_SOCKET_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    stats = sub.add_parser("stats", help="the daemon's counters")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        made: argparse.ArgumentParser = sub.add_parser(name, help=help_text, parents=[daemon_flags])
+        return made
+
+    stats = command("stats", "the daemon's counters")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
     stats.set_defaults(run=cmd_stats)
 
-    ls = sub.add_parser("ls", help="resident shards: url, size, last use, next use")
+    ls = command("ls", "resident shards: url, size, last use, next use")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(run=cmd_ls)
 
-    warm = sub.add_parser("warm", help="fetch shards into the cache now")
-    warm.add_argument("urls", nargs="*", metavar="URL", help="shard URLs or paths")
+    warm = command("warm", "fetch shards into the cache now")
+    warm.add_argument(
+        "urls",
+        nargs="*",
+        metavar="SPEC",
+        help="shard URLs or paths, brace ranges (shard_{0000..0099}.tar), globs, *.manifest.jsonl",
+    )
     warm.add_argument("--manifest", help="a .jsonl manifest of shards to warm (from `shardcache manifest`)")
     warm.add_argument("--background", action="store_true", help="ask for a prefetch and return at once")
     warm.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     warm.set_defaults(run=cmd_warm)
 
-    evict = sub.add_parser("evict", help="remove one shard from the cache")
+    evict = command("evict", "remove one shard from the cache")
     evict.add_argument("url", metavar="URL")
     evict.set_defaults(run=cmd_evict)
 
-    manifest = sub.add_parser("manifest", help="write a .jsonl manifest (url, size, checksum, samples)")
+    manifest = command("manifest", "write a .jsonl manifest (url, size, checksum, samples)")
     manifest.add_argument("pattern", metavar="PATTERN", help="brace range, glob, or path of shards")
     manifest.add_argument("-o", "--output", required=True, help="the manifest file to write")
     manifest.set_defaults(run=cmd_manifest)
 
-    demo = sub.add_parser("demo", help="run the local demo (S3 endpoint, daemon, two passes)", add_help=False)
+    demo = sub.add_parser(
+        "demo",
+        help="the trainer demo (local S3, daemon, ranks); from a clone of the repository",
+        add_help=False,  # `shardcache demo --help` is the demo's own help
+    )
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
 
     from shardcache.cache.cli import add_cache_subcommands
@@ -184,14 +223,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _demo_split(argv: Sequence[str]) -> int | None:
+    """The index after the `demo` command in `argv`, None when the command is another one."""
+    for index, token in enumerate(argv):
+        if token == "demo" and (index == 0 or argv[index - 1] != "--socket"):
+            return index + 1
+        if not token.startswith("-") and (index == 0 or argv[index - 1] != "--socket"):
+            return None  # another command
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardcache` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    split = _demo_split(argv)
+    if split is not None:
+        # Everything after `demo` is the demo's (argparse's REMAINDER drops a leading `--flag`).
+        args = parser.parse_args(argv[:split])
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
+        return run_demo(argv[split:])
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
-    if args.command == "demo":
-        from shardcache import demo
-
-        return demo.main(args.demo_args)
     if args.command == "cache":
         # `.cache()` entries are local Lance datasets: no daemon is involved.
         from shardcache.cache.cli import run_cache_command
@@ -200,6 +253,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     client = DaemonClient(args.socket, required=True)
     try:
         return int(args.run(client, args))
+    except DaemonUnavailable as exc:
+        cause = exc.__cause__
+        reason = describe_socket_error(cause) if cause is not None else "it does not answer"
+        print(
+            f"shardcache {args.command}: no shardcached daemon answers on {exc.socket} ({reason}); start "
+            "shardcached, or give its socket with --socket PATH or the SHARDCACHE_SOCKET environment "
+            "variable",
+            file=sys.stderr,
+        )
+        return 1
     except (ShardcacheError, OSError) as exc:
         print(f"shardcache {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from shardcached import __version__
-from shardcached.config import PRODUCTION_CACHE_DIR, load_settings
+
+# The daemon's own dependencies come with the `daemon` extra; `pip install shardcache` alone has the client.
+_DAEMON_EXTRA_MODULES = ("fastapi", "uvicorn", "uvloop", "pydantic_settings", "prometheus_client")
+
+
+def require_daemon_extra() -> None:
+    """Exit with one line naming the extra when the daemon's dependencies are not installed."""
+    import importlib.util
+
+    missing = [name for name in _DAEMON_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"shardcached: {', '.join(missing)} not installed; the daemon needs the daemon extra: "
+            "pip install 'shardcache[daemon]'"
+        )
+
 
 _EPILOG = """\
 Precedence: flags, then SHARDCACHE_* environment variables (SHARDCACHE_CAPACITY, SHARDCACHE_ALLOW as a
@@ -27,6 +42,8 @@ Example:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from shardcached.config import PRODUCTION_CACHE_DIR
+
     parser = argparse.ArgumentParser(
         prog="shardcached",
         description="Node-local shard cache daemon: keeps whole dataset shards on local disk, fetches them "
@@ -96,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardcached` console script."""
+    require_daemon_extra()
+    from shardcached.config import load_settings
+
     args: dict[str, Any] = vars(build_parser().parse_args(argv))
     config_file = args.pop("config", None)
     try:

@@ -10,7 +10,7 @@ from pipeline_support import worker_context
 from test_telemetry import client_samples
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
-from shardcache.devservers import Daemon
+from support.devservers import Daemon
 
 
 def reported(daemon: Daemon, name: str, job: str, expected: float) -> float | None:

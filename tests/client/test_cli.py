@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,7 +18,7 @@ import pytest
 
 from conftest import ShardSet, make_tar_shard
 from shardcache.daemon_client import DaemonClient
-from shardcache.devservers import Daemon, start_daemon
+from support.devservers import Daemon, start_daemon
 
 
 def shardcache(*args: str, socket: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,7 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     source = root / "shards"
     source.mkdir()
     shards = []
-    for i in range(8):
+    for i in range(12):
         make_tar_shard(source / f"cli_{i:02d}.tar", i, samples=4)
         shards.append(str(source / f"cli_{i:02d}.tar"))
     socket_dir = Path(tempfile.mkdtemp(prefix="sccli-", dir="/tmp"))
@@ -85,6 +87,22 @@ def test_warm_fetches_every_url_given(served: Served) -> None:
     assert result.returncode == 0, result.stderr
     assert "warmed 3 shards" in result.stderr
     assert {Path(url).name for url in urls} <= resident_names(served.daemon)
+
+
+def test_warm_expands_brace_ranges_and_globs_like_from_source(served: Served) -> None:
+    folder = Path(served.shards[0]).parent
+    result = shardcache(
+        "warm", "-q", f"{folder}/cli_{{08..09}}.tar", f"{folder}/cli_1[01].tar", socket=served.daemon.socket
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warmed 4 shards" in result.stderr
+    assert {f"cli_{i:02d}.tar" for i in range(8, 12)} <= resident_names(served.daemon)
+
+
+def test_socket_is_accepted_after_the_command(daemon) -> None:
+    result = shardcache("stats", "--socket", daemon.socket)
+    assert result.returncode == 0, result.stderr
+    assert "hit ratio" in result.stdout
 
 
 def test_warm_reads_a_manifest(served: Served, tmp_path: Path) -> None:
@@ -141,6 +159,7 @@ def test_no_daemon_exits_1_with_a_one_line_message(short_tmp: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0
     assert socket in result.stderr
+    assert "SHARDCACHE_SOCKET" in result.stderr and "daemon=None" not in result.stderr
 
 
 def test_manifest_writes_one_line_per_shard(local_shards: ShardSet, tmp_path: Path) -> None:
@@ -171,3 +190,41 @@ def test_cache_ls_runs_without_a_daemon(tmp_path: Path, short_tmp: Path) -> None
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_manifest_file_follows_the_umask(local_shards: ShardSet, tmp_path: Path) -> None:
+    output = tmp_path / "manifest.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardcache.cli",
+            "manifest",
+            f"{local_shards.local_dir}/*.tar",
+            "-o",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.umask(0o022),  # the child's umask only
+    )
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(output.stat().st_mode) == 0o644
+
+
+def test_cache_ls_without_cache_dir_says_where_it_looked(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SHARDCACHE_CACHE_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "shardcache.cli", "cache", "ls"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"no cache entries in {tmp_path / '.cache'}" in result.stdout
+    assert "--cache-dir" in result.stdout

@@ -1,7 +1,9 @@
-"""The trainer demo end to end, tiny: S3 endpoint, daemon, two ranks with workers, two epochs, the table."""
+"""The trainer demo (examples/trainer_demo, `make demo`) end to end, tiny: S3 endpoint, daemon, two ranks
+with workers, two epochs, the table; and `shardcache demo`, which runs it from a clone of the repository."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -12,18 +14,30 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from shardcache.demo_data import samples_per_shard
+from shardcache import cli
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ("--shards", "4", "--val-shards", "2", "--shard-mb", "0.5", "--no-progress")
 
 
 def demo_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardcache.demo", *TINY, *args]
+    return [sys.executable, "-m", "trainer_demo", *TINY, *args]
 
 
 def demo_env(cwd: Path) -> dict[str, str]:
-    return {**os.environ, "SHARDCACHE_SOCKET": str(cwd / "unused.sock")}
+    """As `make demo` runs it: the example's folder on PYTHONPATH."""
+    return {**os.environ, "SHARDCACHE_SOCKET": str(cwd / "unused.sock"), "PYTHONPATH": str(EXAMPLES)}
+
+
+def samples_per_shard(shard_bytes: int) -> int:
+    spec = importlib.util.spec_from_file_location("trainer_demo_data", EXAMPLES / "trainer_demo" / "data.py")
+    assert spec is not None and spec.loader is not None
+    data = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = data  # its dataclasses look their module up
+    spec.loader.exec_module(data)
+    return int(data.samples_per_shard(shard_bytes))
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
@@ -132,3 +146,33 @@ def test_demo_via_the_cli_rejects_too_few_shards_for_the_slots(tmp_path: Path) -
     )
     assert result.returncode == 2
     assert "--shards" in result.stderr
+
+
+def test_the_demo_is_not_in_the_package() -> None:
+    import shardcache
+
+    package = Path(shardcache.__file__).parent
+    assert not list(package.glob("demo*.py")) and not (package / "devservers.py").exists()
+
+
+def test_demo_via_the_cli_honours_the_demos_flags(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardcache.cli", "demo", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--epochs" in result.stdout and "--no-local-s3" in result.stdout
+
+
+def test_demo_outside_a_clone_says_how_to_run_it_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An install from a wheel has no examples/ beside the package.
+    monkeypatch.setattr(cli, "find_trainer_demo", lambda: None)
+    assert cli.main(["demo", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "make demo" in err

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardcache.devservers import Daemon
 from shardcache.telemetry import Telemetry, count_items
 from shardcache.transport import Transport
+from support.devservers import Daemon
 
 
 def client_samples(daemon: Daemon) -> dict[tuple[str, str, str], float]:

@@ -66,6 +66,13 @@ def test_allow_from_env_may_be_comma_separated_or_json(monkeypatch: pytest.Monke
     assert load_settings().allow == ["s3://b"]
 
 
+@pytest.mark.parametrize("prefix", ["datasets/train", "./data", "bucket/prefix"])
+def test_an_allow_prefix_without_scheme_or_absolute_path_is_refused_naming_both_forms(prefix: str):
+    with pytest.raises(ValidationError, match="allow") as refused:
+        load_settings({"allow": [prefix]})
+    assert "s3://bucket/prefix" in str(refused.value) and "/abs/path" in str(refused.value)
+
+
 def test_unset_flags_do_not_override_env(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SHARDCACHE_POLICY", "lru")
     flags = vars(build_parser().parse_args(["--capacity", "5GiB"]))

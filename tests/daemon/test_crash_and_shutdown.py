@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from daemon_helpers import Proxy, api, files_in, wait_for
 
-from shardcache.devservers import Daemon, free_tcp_port
+from support.devservers import Daemon, free_tcp_port
 
 TEMP_PREFIX = ".tmp-"
 SMALL_CHUNKS = {"SHARDCACHE_CHUNK_BYTES": str(64 * 1024)}  # so a temp file grows while we look

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from daemon_helpers import Proxy
 
-from shardcache.devservers import S3Server
 from shardcached.fetcher import Fetcher
+from support.devservers import S3Server
 
 
 @pytest.fixture

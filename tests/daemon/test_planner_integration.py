@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 from daemon_helpers import Proxy, api, metric, wait_for
 
-from shardcache.devservers import S3Server
+from support.devservers import S3Server
 
 
 def stats(http: httpx.Client) -> dict[str, object]:

@@ -13,7 +13,7 @@ import pytest
 from daemon_helpers import api
 
 from conftest import make_tar_shard
-from shardcache.devservers import Daemon, start_daemon
+from support.devservers import Daemon, start_daemon
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from daemon_helpers import api, files_in
 
 from conftest import ShardSet, make_tar_shard
-from shardcache.devservers import Daemon, start_daemon
+from support.devservers import Daemon, start_daemon
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardcache.devservers import Daemon, free_tcp_port, stop_process
+from support.devservers import Daemon, free_tcp_port, stop_process
 
 from .deploy_files import DEPLOY, PROMETHEUS, RULES_FILE, documented_metrics, require_tool
 

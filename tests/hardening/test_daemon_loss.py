@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.devservers import stop_process
+from support.devservers import stop_process
 
 from .support import api, assert_cache_intact, published_shards, wait_for
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shardcache.devservers import Daemon, stop_process
+from support.devservers import Daemon, stop_process
 
 from .support import api, metric, wait_for
 

@@ -13,16 +13,9 @@ import json
 import sys
 from typing import Any
 
-from shardcache.cache.store import cache_ls, cache_rm
+from shardcache.cache.store import cache_ls, cache_rm, resolve_cache_root
 from shardcache.errors import ShardcacheError
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
+from shardcache.formatting import human_bytes
 
 
 def _when(timestamp: float | None) -> str:
@@ -37,7 +30,11 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(entry) for entry in entries], indent=2))
         return 0
     if not entries:
-        print("no cache entries")
+        where = resolve_cache_root(args.cache_dir)
+        hint = (
+            "" if args.cache_dir else " (give --cache-dir DIR or set $SHARDCACHE_CACHE_DIR to look elsewhere)"
+        )
+        print(f"no cache entries in {where}{hint}")
         return 0
     rows = [["FINGERPRINT", "STATE", "ROWS", "SIZE", "CREATED", "PIPELINE"]]
     for entry in entries:
@@ -49,7 +46,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
                 entry.fingerprint,
                 "complete" if entry.complete else "building",
                 "-" if entry.rows is None else str(entry.rows),
-                _size(entry.size_bytes),
+                human_bytes(entry.size_bytes),
                 _when(entry.created),
                 stages,
             ]

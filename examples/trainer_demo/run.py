@@ -1,9 +1,9 @@
 """`make demo`: two ranks with DataLoader workers train two epochs on an S3 dataset through the node daemon.
 
-Starts moto's S3 server and uploads a generated image-and-label tar dataset (`shardcache.demo_data`), starts
+Starts moto's S3 server and uploads a generated image-and-label tar dataset (`trainer_demo.data`), starts
 `shardcached` with its cache under `.shardcache/` and a capacity smaller than the dataset (75% unless
 `--capacity` says otherwise), metrics on 127.0.0.1:9464 (or a free port), then runs `--ranks` rank processes
-(`shardcache.demo_rank`) with `--workers` TorchLoader workers each for `--epochs` epochs. After each epoch
+(`trainer_demo.rank`) with `--workers` TorchLoader workers each for `--epochs` epochs. After each epoch
 the ranks meet the coordinator at a barrier, where it reads the daemon's counters; at the end it prints hit
 ratio, bytes fetched against the dataset size, samples per second and the time spent waiting per epoch, and
 stops everything, also on Ctrl-C.
@@ -28,13 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shardcache.cli import human_bytes
 from shardcache.daemon_client import DaemonClient
-from shardcache.demo_data import DemoDataset, describe_user_shards, upload
-from shardcache.demo_rank import EpochReport, RankConfig, run_rank
-from shardcache.demo_table import EpochRow, render_table
-from shardcache.devservers import Daemon, S3Server, free_tcp_port, start_daemon, start_s3_server
 from shardcache.errors import RemoteNotFound, ShardcacheError
+from shardcache.formatting import human_bytes
+from trainer_demo.data import DemoDataset, describe_user_shards, upload
+from trainer_demo.rank import EpochReport, RankConfig, run_rank
+from trainer_demo.servers import Daemon, S3Server, free_tcp_port, start_daemon, start_s3_server
+from trainer_demo.table import EpochRow, render_table
 
 BUCKET = "shardcache-demo"
 _OPEN_WAIT_SUM = re.compile(r"^shardcache_open_wait_seconds_sum(?:\{\})? (\S+)$", re.MULTILINE)

@@ -21,8 +21,8 @@ import numpy as np
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
-from shardcache.demo_data import CLASSES, IMAGE_SHAPE
 from shardcache.telemetry import Telemetry
+from trainer_demo.data import CLASSES, IMAGE_SHAPE
 
 CROP = 56
 PROGRESS_EVERY = 512  # samples between progress messages to the coordinator

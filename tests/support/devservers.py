@@ -1,7 +1,8 @@
-"""Local servers for the demo, the benchmarks and the tests: an S3 endpoint and a daemon, as subprocesses.
+"""Local servers for the tests and the benchmarks: an S3 endpoint (moto) and a daemon, as subprocesses.
 
 Both are real processes on loopback or a Unix socket, started and polled for readiness with a deadline, and
-stopped with SIGTERM (then SIGKILL). Nothing here is needed in production.
+stopped with SIGTERM (then SIGKILL). The credentials below are moto's test credentials; nothing here is
+shipped in the wheel or needed in production.
 """
 
 from __future__ import annotations

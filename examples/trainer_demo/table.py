@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shardcache.cli import human_bytes
-from shardcache.demo_rank import EpochReport
+from shardcache.formatting import human_bytes
 from shardcache.protocol import Stats
+from trainer_demo.rank import EpochReport
 
 HEADERS = (
     "epoch",

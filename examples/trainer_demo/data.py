@@ -73,7 +73,7 @@ def upload(
     try:
         import boto3
     except ImportError as exc:
-        raise SystemExit("the demo needs boto3: pip install 'shardcache[dev]' (or run `make demo`)") from exc
+        raise SystemExit("the demo needs boto3: pip install 'shardcache[demo]' (or run `make demo`)") from exc
     s3 = boto3.client(
         "s3",
         endpoint_url=endpoint,
