@@ -329,17 +329,12 @@ class TorchLoader:
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
         from shardcache.sources.schedule import job_id
-        from shardcache.telemetry import for_reader, items_are_batches
+        from shardcache.telemetry import for_reader
 
         spec = self.dataset.source
         job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)
         merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
-        # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
-        workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
-        batched = items_are_batches((s.kind for s in self.stages), workers_batch)
-        return for_reader(
-            spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards, batched
-        )
+        return for_reader(spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards)
 
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()

@@ -114,6 +114,12 @@ DATASET_CASES: dict[str, Case] = {
     "mix-proportional": lambda f: Dataset.mix(
         {"big": tars(f), "small": Dataset.from_source("tars", f.small_tars, daemon=None)}, seed=2
     ),
+    "mixed-kind": lambda f: Dataset.from_source(
+        "mixed",
+        sources={"big": tars(f), "small": Dataset.from_source("tars", f.small_tars, daemon=None)},
+        strategy="weighted_random",
+        weights={"big": 2, "small": 1},
+    ),
     "mix-recipe": lambda f: Dataset.mix(
         {"big": tars(f), "small": Dataset.from_source("tars", f.small_tars, daemon=None)},
         recipe={"big": 3, "small": 2},
@@ -139,6 +145,9 @@ def test_dataset_resumes_exactly(files: Files, case: str, slot: str) -> None:
 LOADER_CASES: dict[str, Callable[[Files, int], Resumable]] = {
     "worker-batches": loader,
     "loader-side-stages": lambda f, w: loader(f, w).unbatch().shuffle(6, seed=1).assemble(Pairs).batch(2),
+    # Without torch.distributed balance passes through; tests/client/test_parity_balance.py resumes it
+    # under gloo with two ranks.
+    "loader-balance": lambda f, w: loader(f, w).balance(chunk_size=2, buffer_size=2),
 }
 
 

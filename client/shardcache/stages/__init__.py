@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shardcache.stages.assemble import AssembleStage
+from shardcache.stages.balance import BalanceStage
 from shardcache.stages.base import Node
 from shardcache.stages.batch import BatchStage
 from shardcache.stages.cache import CacheStage
@@ -11,10 +12,20 @@ from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
 from shardcache.stages.unbatch import UnbatchStage
 
-Stage = MapStage | SelectStage | ShuffleStage | AssembleStage | BatchStage | UnbatchStage | CacheStage
+Stage = (
+    MapStage
+    | SelectStage
+    | ShuffleStage
+    | AssembleStage
+    | BatchStage
+    | UnbatchStage
+    | CacheStage
+    | BalanceStage
+)
 
 __all__ = [
     "AssembleStage",
+    "BalanceStage",
     "BatchStage",
     "CacheStage",
     "MapStage",

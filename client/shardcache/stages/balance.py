@@ -1,0 +1,293 @@
+"""`TorchLoader.balance(...)`: the same number of items on every data-parallel rank, with exact resume.
+
+A loader-side stage (main process, after the workers are merged), for materialised packs or batches. It
+works chunk by chunk: every rank fills a local buffer from upstream (at least `buffer_size` items, unless
+its upstream has ended), the ranks exchange their counts (one `all_gather_object`), and each computes the
+same plan (`plan_chunk`): up to `chunk_size` steps in which every rank yields one item, its own when it has
+one, else one sent by the rank with the most left (preferring its own node under topology="node"; at most
+`max_transfer_per_round` sent by one rank per chunk). Items move point to point (`send_object_list`, in the
+plan's order, so no two ranks wait on each other). At the end, when fewer items are left than ranks,
+`drop_last=True` drops them on every rank at once; `drop_last=False` yields the rest and gives the ranks
+without an item `dummy_factory(context)` (a batch the training step masks out).
+
+Without torch.distributed initialised, or with one rank, the stage passes items through.
+
+Resume is exact, which mvp-dataset 0.2.3's balance() is not. The state is the chunk number, the items
+already yielded from it, and the upstream position where the chunk's buffer began (each buffered item
+remembers the upstream state after it, so no sample data is saved). A resume restores that upstream
+position, redoes the chunk's fill, count exchange, plan and transfers (all deterministic), and skips the
+items already yielded. Every rank must therefore resume from states taken at the same step, as a
+data-parallel checkpoint does; a rank resuming another chunk than the others raises ResumeStateError.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError, ResumeStateError
+from shardcache.stages.base import Node, State
+from shardcache.stages.base import field as state_field
+
+Topology = Literal["node", "none"]
+
+
+@dataclass(frozen=True)
+class Status:
+    """One rank's counts for a chunk, gathered by every rank."""
+
+    rank: int
+    node: int
+    available: int
+    done: bool
+    chunk: int
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    count: int
+
+
+@dataclass
+class ChunkPlan:
+    """Per rank: items taken locally, dummies; transfers in order; whether the stream ends after it."""
+
+    local: dict[int, int]
+    dummies: dict[int, int]
+    transfers: list[Transfer] = field(default_factory=list)
+    finished: bool = False
+
+    def steps(self, rank: int) -> int:
+        received = sum(t.count for t in self.transfers if t.dst == rank)
+        return self.local[rank] + received + self.dummies[rank]
+
+
+def plan_chunk(
+    statuses: Sequence[Status], chunk_size: int, max_transfer: int, drop_last: bool, topology: Topology
+) -> ChunkPlan:
+    """The same plan on every rank: up to `chunk_size` steps of one item per rank (a pure function)."""
+    ranks = sorted(s.rank for s in statuses)
+    by_rank = {s.rank: s for s in statuses}
+    left = {r: by_rank[r].available for r in ranks}
+    plan = ChunkPlan({r: 0 for r in ranks}, {r: 0 for r in ranks})
+    sent = {r: 0 for r in ranks}
+    all_done = all(s.done for s in statuses)
+    for _ in range(chunk_size):
+        total = sum(left.values())
+        if total == 0 or (total < len(ranks) and drop_last):
+            plan.finished = all_done
+            break
+        if total < len(ranks):  # the tail, with dummies: no transfers, every real item is yielded
+            for r in ranks:
+                if left[r]:
+                    plan.local[r] += 1
+                    left[r] -= 1
+                else:
+                    plan.dummies[r] += 1
+            if not any(left.values()):
+                plan.finished = all_done
+                break
+            continue
+        needy = [r for r in ranks if not left[r]]
+        moves: list[tuple[int, int]] = []
+        for dst in needy:
+            donors = [r for r in ranks if left[r] - (r in needy) > 0 and sent[r] < max_transfer and r != dst]
+            if not donors:
+                break
+            near = by_rank[dst].node
+            donors.sort(key=lambda r: (topology == "node" and by_rank[r].node != near, -left[r], r))
+            moves.append((donors[0], dst))
+            left[donors[0]] -= 1
+            sent[donors[0]] += 1
+        if len(moves) < len(needy):  # out of transfer budget: undo this step, end the chunk here
+            for src, _ in moves:
+                left[src] += 1
+                sent[src] -= 1
+            if not any(plan.local.values()) and not plan.transfers:
+                raise ConfigError(
+                    f"balance(max_transfer_per_round={max_transfer}): too small to build one step; raise it"
+                )
+            break
+        for r in ranks:
+            if r not in needy:
+                plan.local[r] += 1
+                left[r] -= 1
+        for src, dst in moves:
+            last = plan.transfers[-1] if plan.transfers else None
+            if last is not None and (last.src, last.dst) == (src, dst):
+                plan.transfers[-1] = Transfer(src, dst, last.count + 1)
+            else:
+                plan.transfers.append(Transfer(src, dst, 1))
+    return plan
+
+
+@dataclass(frozen=True)
+class BalanceStage:
+    """Equal item counts per data-parallel rank (see the module); `process_group` None: the default group."""
+
+    drop_last: bool = True
+    dummy_factory: Callable[[RuntimeContext], Any] | None = None
+    buffer_size: int = 32
+    chunk_size: int = 16
+    max_transfer_per_round: int = 8
+    topology: Topology = "node"
+    process_group: Any = None
+    kind: ClassVar[str] = "balance"
+
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
+        return BalanceNode(up, self, ctx)
+
+    def describe(self) -> str:
+        from shardcache.stages.map import callable_name
+
+        dummy = None if self.dummy_factory is None else callable_name(self.dummy_factory)
+        return (
+            f"balance({self.drop_last},{dummy},{self.buffer_size},{self.chunk_size},"
+            f"{self.max_transfer_per_round},{self.topology})"
+        )
+
+
+def _dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a TorchLoader requirement
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+class BalanceNode(Node):
+    def __init__(self, up: Node, spec: BalanceStage, ctx: RuntimeContext) -> None:
+        super().__init__()
+        self.up = up
+        self.spec = spec
+        self.ctx = ctx
+        self.chunk = 0  # the chunk being yielded
+        self.offset = 0  # items of it already yielded
+        self.output: list[Any] = []
+        self.finished = False
+        self.buffer: deque[tuple[Any, State]] = deque()  # (item, upstream state after it)
+        self.front: State | None = None  # upstream state where the buffer begins
+        self.chunk_front: State | None = None  # ... when the current chunk began
+        self.upstream_done = False
+        self._skip = 0
+        self._passthrough: bool | None = None
+        self._loaded: State | None = None
+
+    def _active(self) -> Any:
+        dist = _dist()
+        if dist is None or dist.get_world_size(self.spec.process_group) == 1:
+            return None
+        return dist
+
+    def gen(self) -> Iterator[Any]:
+        dist = self._active()
+        self._passthrough = dist is None
+        if dist is None:
+            yield from self.up.iterator()
+            return
+        up = self.up.iterator()
+        if self.front is None:
+            self.front = self.up.state_dict()
+        while not self.finished:
+            self._build_chunk(dist, up)
+            while self.offset < len(self.output):
+                item = self.output[self.offset]
+                self.offset += 1
+                if self._skip:
+                    self._skip -= 1
+                    continue
+                yield item
+            if self.finished:
+                return
+            self.chunk += 1
+            self.offset = 0
+            self.output = []
+
+    def _fill(self, up: Iterator[Any], target: int) -> None:
+        while len(self.buffer) < target and not self.upstream_done:
+            try:
+                item = next(up)
+            except StopIteration:
+                self.upstream_done = True
+                return
+            self.buffer.append((item, self.up.state_dict()))
+
+    def _pop(self) -> Any:
+        item, self.front = self.buffer.popleft()
+        return item
+
+    def _build_chunk(self, dist: Any, up: Iterator[Any]) -> None:
+        spec, group = self.spec, self.spec.process_group
+        self.chunk_front = self.front
+        world = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        self._fill(up, max(spec.buffer_size, world))
+        mine = Status(rank, self.ctx.node, len(self.buffer), self.upstream_done, self.chunk)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine, group=group)
+        chunks = {s.chunk for s in gathered}
+        if len(chunks) > 1:
+            raise ResumeStateError(
+                f"balance(): the ranks are at different chunks {sorted(chunks)}; resume every rank from "
+                "states taken at the same step"
+            )
+        plan = plan_chunk(
+            gathered, spec.chunk_size, spec.max_transfer_per_round, spec.drop_last, spec.topology
+        )
+        output = [self._pop() for _ in range(plan.local[rank])]
+        global_rank = dist.get_global_rank if group is not None else (lambda _g, r: r)
+        for transfer in plan.transfers:
+            if transfer.src == rank:
+                payload = [[self._pop() for _ in range(transfer.count)]]
+                dist.send_object_list(payload, dst=global_rank(group, transfer.dst), group=group)
+            elif transfer.dst == rank:
+                box: list[Any] = [None]
+                dist.recv_object_list(box, src=global_rank(group, transfer.src), group=group)
+                output.extend(box[0])
+        if plan.dummies[rank]:
+            if spec.dummy_factory is None:  # pragma: no cover - refused when the stage is built
+                raise ConfigError("balance(drop_last=False) needs dummy_factory")
+            output.extend(spec.dummy_factory(self.ctx) for _ in range(plan.dummies[rank]))
+        self.output = output
+        self.finished = plan.finished or (plan.steps(rank) == 0)
+
+    def state_dict(self) -> State:
+        if self._it is None and self._loaded is not None:
+            return self._loaded
+        if self._passthrough is None and self._active() is None or self._passthrough:
+            return {"passthrough": True, "up": self.up.state_dict()}
+        if self.front is None:  # not started
+            return {"chunk": self.chunk, "offset": self.offset, "up": self.up.state_dict()}
+        if self.offset >= len(self.output) and not self.finished:
+            return {"chunk": self.chunk + 1, "offset": 0, "up": self.front}
+        return {"chunk": self.chunk, "offset": self.offset, "up": self.chunk_front}
+
+    def load_state_dict(self, state: State) -> None:
+        self._check_not_started()
+        up = state_field(state, "up", dict)
+        self._loaded = state
+        if state.get("passthrough"):
+            if self._active() is not None:
+                raise ResumeStateError(
+                    "balance(): the state was taken without torch.distributed (items passed through); "
+                    "resume it the same way"
+                )
+            self.up.load_state_dict(up)
+            return
+        chunk, offset = state.get("chunk"), state.get("offset")
+        if not isinstance(chunk, int) or not isinstance(offset, int) or chunk < 0 or offset < 0:
+            raise ResumeStateError(f"balance() state has chunk={chunk!r}, offset={offset!r}; it is truncated")
+        self.up.load_state_dict(up)
+        self.front = up
+        self.chunk, self._skip = chunk, offset
+
+    def close(self) -> None:
+        super().close()
+        self.up.close()
