@@ -52,7 +52,10 @@ def local_path(url: str) -> str:
 def _glob(pattern: str) -> list[str]:
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(pattern)
+    from shardcache.extras import filesystem_extra
+
+    with filesystem_extra(pattern):
+        fs, path = fsspec.core.url_to_fs(pattern)
     matches = sorted(fs.glob(path))
     if not has_protocol(pattern):
         return [str(m) for m in matches]

@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from typing import IO, Any
 
 from shardcache.errors import ConfigError
+from shardcache.extras import filesystem_extra
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
@@ -83,12 +84,14 @@ class TarsSource(SourceNode):
     ) -> Iterator[dict[str, Any]]:
         raw: IO[bytes]
         if compression_of(ref.url) is None:
-            buf = stack.enter_context(self.opener.open_buffer(ref, plan))
+            with filesystem_extra(ref.url):
+                buf = stack.enter_context(self.opener.open_buffer(ref, plan))
             if isinstance(buf, mmap.mmap):  # the fast path; never empty (an empty file cannot be mapped)
                 return iter_tar_samples(buf, ref.url, level)
             raw = buf
         else:  # streamed through the decompressor (see `sources.compression` for why)
-            raw = stack.enter_context(self.opener.open(ref, plan))
+            with filesystem_extra(ref.url):
+                raw = stack.enter_context(self.opener.open(ref, plan))
         stream, source = decompressed_stream(raw, ref.url)
         return warn_if_nothing_read(iter_tar_samples_stream(stream, ref.url, level), source, ref.url)
 
