@@ -289,8 +289,8 @@ def plan_epoch(
         for g, pieces in enumerate(group_lists):
             ordered = order(pieces, g)
             shift = base if groups == 1 else round_index * len(ordered)
-            for j in range(per_group):
-                slots.append([p for i, p in enumerate(ordered) if (shift + i) % per_group == j])
+            for j in range(per_group):  # the positions i with (shift + i) % per_group == j
+                slots.append(ordered[(j - shift) % per_group :: per_group])
         return slots
 
     total = sum(p.size for p in universe)
