@@ -6,7 +6,7 @@ keeps the code. A code not listed here is a bug in the daemon.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # What each error status means (the API reference and the OpenAPI schema describe the statuses with these).
 STATUS_MEANINGS: dict[int, str] = {
@@ -59,5 +59,5 @@ class ErrorBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    error: str
-    detail: str
+    error: str = Field(description="the error code (see the table of codes)")
+    detail: str = Field(description="what went wrong, naming the URL, lease or plan, and what to do")

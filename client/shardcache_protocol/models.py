@@ -91,18 +91,20 @@ class ShardList(_Model):
 
 
 class Stats(_Model):
-    capacity: int
-    used: int
+    """`GET /v1/stats`: counters since the daemon started."""
+
+    capacity: int = Field(description="bytes the cache may hold (`--capacity`, resolved)")
+    used: int = Field(description="bytes resident, reserved by downloads, or evicted but still leased")
     resident_shards: int
-    hits: int
-    misses: int
-    hit_ratio: float
-    bytes_fetched: int
-    bytes_served: int
+    hits: int = Field(description="opens that found the shard resident")
+    misses: int = Field(description="opens that fetched it or joined a download in flight")
+    hit_ratio: float = Field(description="hits / (hits + misses), 0 before the first open")
+    bytes_fetched: int = Field(description="bytes downloaded from remotes")
+    bytes_served: int = Field(description="bytes handed over by path or streamed")
     evictions: int
     fetches_in_flight: int
-    plans: int
-    policy: str
+    plans: int = Field(description="registered plans")
+    policy: str = Field(description="the eviction policy: belady or lru")
 
 
 class TelemetryReport(_Model):

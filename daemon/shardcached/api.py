@@ -112,11 +112,13 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
     async def report_telemetry(body: TelemetryReport) -> Response:
+        """One trainer slot's data-plane figures; exported as `shardcache_client_*` metrics."""
         telemetry.record(body)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.get("/health")
     async def health() -> Health:
+        """Liveness and version (also served on the metrics listener)."""
         return Health(status="ok", version=__version__)
 
     # Open and release: served by hotpath.HotPath in front of this app; these routes document them and,
@@ -129,6 +131,12 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         summary="Make a shard local and lease it",
     )
     async def open_shard(request: Request) -> Response:
+        """Answers once the shard is a complete local file: its path, and a lease that keeps the file until
+        released (or until the lease expires). `hit` says whether it was resident when the open arrived; an
+        open that joined a download in flight counts as a miss. With `size` or `checksum`, the cached copy
+        is verified against them (502 `size_mismatch` / `checksum_mismatch` when the remote disagrees).
+        With `plan`, the open advances that plan's cursor.
+        """
         return _raw(*await answer_open(service, await request.body()))
 
     @router.post(
@@ -139,6 +147,8 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         summary="End a lease",
     )
     async def release(request: Request) -> Response:
+        """Ends a lease. Any request may instead carry `Shardcache-Release: lease1,lease2` (at most 64):
+        those leases end before the request is served, unknown ones ignored."""
         return _raw(*answer_release(service, await request.body()))
 
     @router.get(
@@ -150,6 +160,8 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         },
     )
     async def shard_data(request: Request, url: UrlQuery) -> FileResponse:
+        """The shard's bytes, for clients that cannot open the cached file; `Range: bytes=a-b` supported.
+        The shard is leased while it is sent."""
         entry, lease, file_stat = await lease_for_stream(service, url)
         service.count_served("stream", _range_length(request.headers.get("range"), entry.size))
         return _NoFollowFileResponse(
@@ -161,6 +173,8 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.post("/plans", responses=_errors(400, 403, 422))
     async def add_plan(body: PlanRequest) -> PlanResponse:
+        """Announce the ordered shards one slot of a job reads in one epoch (send the next epoch's too):
+        the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last."""
         urls = [service.allow.check(url) for url in body.urls]
         plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
         service.wake_prefetcher()
@@ -168,20 +182,24 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.get("/plans")
     async def list_plans() -> list[dict[str, object]]:
+        """Registered plans with their cursors (for debugging; the shape may change)."""
         return planner.describe()
 
     @router.delete("/plans/{plan_id}", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(404, 422))
     async def delete_plan(plan_id: str) -> Response:
+        """Forget a plan (a plan with no opens for `--plan-stale-s` is dropped anyway)."""
         if not planner.delete_plan(plan_id):
             raise NotFound(f"plan {plan_id} is unknown (deleted, or dropped as stale)", code="unknown_plan")
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED, responses=_errors(400, 403, 422))
     async def prefetch(body: PrefetchRequest) -> PrefetchAccepted:
+        """Warm shards in the background; warming never evicts shards a plan needs."""
         return PrefetchAccepted(urls=service.warm(body.urls))
 
     @router.get("/shards")
     async def list_shards() -> ShardList:
+        """Resident shards with their last and next use."""
         return ShardList(
             shards=[
                 ShardInfo(
@@ -197,11 +215,13 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.delete("/shards", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(400, 403, 404, 422))
     async def evict(url: UrlQuery) -> Response:
+        """Evict one shard; a leased file lives on until its leases end."""
         service.evict(url)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.get("/stats")
     async def stats() -> Stats:
+        """Capacity, usage and counters since start (bytes as integers)."""
         opens = service.hits + service.misses
         return Stats(
             capacity=store.capacity,

@@ -27,7 +27,7 @@ class StateReaders:
 
 
 class Metrics:
-    """Every metric named in DESIGN.md, registered on `registry`."""
+    """Every metric of the daemon (docs/metrics.md lists them), registered on `registry`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
