@@ -161,6 +161,9 @@ class Dataset:
             if isinstance(shards, (str, ShardRef)) or not isinstance(shards, Sequence):
                 shards = [shards]
             refs = [s if isinstance(s, ShardRef) else ShardRef(str(s)) for s in shards]
+            from shardcache.sources.lance import check_daemon
+
+            check_daemon(daemon)
             daemon = None  # Lance reads its URIs with its own object-store support.
         else:
             from shardcache.sources import data_suffix

@@ -27,7 +27,12 @@ _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
         ("resample", "columns", "batch_size", "use_threads", "on_error"),
         ".parquet",
     ),
-    "lance": ("lance", "LanceSource", ("resample", "columns", "batch_size", "shuffle_mode", "filter"), None),
+    "lance": (
+        "lance",
+        "LanceSource",
+        ("resample", "columns", "batch_size", "shuffle_mode", "filter", "storage_options"),
+        None,
+    ),
 }
 ALIASES = {"tar": "tars"}
 KINDS = tuple(_KINDS)

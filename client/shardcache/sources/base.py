@@ -80,7 +80,9 @@ class SourceSpec:
                 return "[" + ",".join(show(v) for v in value) + "]"
             return repr(value)
 
-        options = ",".join(f"{k}={show(v)}" for k, v in sorted(self.options.items()) if k not in PLAN_OPTIONS)
+        # Plan hints and credentials (lance storage_options) change neither the data nor the fingerprint.
+        shown = (k for k in sorted(self.options) if k not in PLAN_OPTIONS and k != "storage_options")
+        options = ",".join(f"{k}={show(self.options[k])}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
 

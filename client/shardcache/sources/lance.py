@@ -7,6 +7,10 @@ shuffle_mode:
   throughput); falls back to "global" when there are fewer fragments than slots. Its order inside a fragment
   is not deterministic, so a resume state restores the fragment and the count read, not the exact rows.
 
+Remote datasets are read by Lance's own object store, not through the node daemon (so `daemon="required"`
+is refused). `storage_options=` is passed to Lance; for `s3://` URIs the endpoint, region and keys of the
+AWS environment the rest of the client uses are filled in (`aws_storage_options`), given options winning.
+
 Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.subsets`) are row-exact: the source first fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
@@ -15,7 +19,8 @@ only those rows; "random_scan" reads whole fragments, so over a row subset it fa
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +43,68 @@ def check_options(options: dict[str, Any]) -> None:
     check_columns_and_batch_size(options)
     if "filter" in options:
         check_filter(options["filter"])
+    check_storage_options(options.get("storage_options"))
+
+
+def check_storage_options(value: Any) -> None:
+    """`storage_options`: Lance's object-store settings, a dict of strings (None: from the environment)."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(
+            f"storage_options={value!r}: expected a dict of strings, e.g. "
+            "{'aws_endpoint': 'http://127.0.0.1:9000', 'allow_http': 'true'}"
+        )
+
+
+def check_daemon(daemon: Any) -> None:
+    """Refuse `daemon="required"`: Lance reads its own data files, not through the node daemon."""
+    if daemon == "required" or getattr(daemon, "required", False) is True:
+        raise ConfigError(
+            'daemon="required" cannot be honoured by the lance source: Lance reads its data files itself '
+            "(configure remote access with storage_options=), not through the node daemon. Pass "
+            'daemon="auto" or daemon=None for Lance datasets.'
+        )
+
+
+# AWS environment variables (as the daemon, s3fs and boto read them) -> Lance's storage option names.
+_AWS_KEYS = {
+    "AWS_ACCESS_KEY_ID": "aws_access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
+    "AWS_SESSION_TOKEN": "aws_session_token",
+}
+
+
+def aws_storage_options(env: Mapping[str, str]) -> dict[str, str]:
+    """Lance storage options from the AWS environment the rest of the client uses.
+
+    The endpoint is `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL` (an `http://` endpoint also sets
+    `allow_http`, which Lance otherwise refuses with "builder error"); the region `AWS_REGION`, else
+    `AWS_DEFAULT_REGION`; and the keys `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`.
+    Lance itself also reads `AWS_ENDPOINT_URL_S3` from the environment, ahead of a given `aws_endpoint`.
+    """
+    options: dict[str, str] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["aws_endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["aws_region"] = region
+    for variable, name in _AWS_KEYS.items():
+        if env.get(variable):
+            options[name] = env[variable]
+    return options
+
+
+def storage_options_for(url: str, given: Mapping[str, str] | None) -> dict[str, str] | None:
+    """What `lance.dataset(url, storage_options=...)` gets: `given` over those derived for s3:// URLs."""
+    derived = aws_storage_options(os.environ) if url.startswith(("s3://", "s3a://")) else {}
+    merged = {**derived, **(given or {})}
+    return merged or None
 
 
 def check_filter(value: Any) -> None:
@@ -105,7 +172,11 @@ class LanceSource(SourceNode):
 
     def units(self) -> list[Unit]:
         lance = _lance()
-        self._datasets = [lance.dataset(ref.url) for ref in self.spec.shards]
+        given = self.spec.options.get("storage_options")
+        self._datasets = [
+            lance.dataset(ref.url, storage_options=storage_options_for(ref.url, given))
+            for ref in self.spec.shards
+        ]
         self._sizes = [int(ds.count_rows()) for ds in self._datasets]
         self._fragments = [
             (d, f.fragment_id) for d, ds in enumerate(self._datasets) for f in ds.get_fragments()
