@@ -92,8 +92,16 @@ def _load(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _by_kind(kind: str) -> dict[str, Any]:
-    (doc,) = [doc for path in _manifest_files() for doc in _load(path) if doc["kind"] == kind]
+def _by_kind(kind: str, folder: Path = K8S) -> dict[str, Any]:
+    """The one manifest of `kind` in `folder`'s files (examples/ included unless it names examples/)."""
+    files = [path for path in _manifest_files() if folder in path.parents]
+    (doc,) = [doc for path in files for doc in _load(path) if doc["kind"] == kind]
+    return doc
+
+
+def _top_level(kind: str) -> dict[str, Any]:
+    """The one manifest of `kind` among those `kubectl apply -k` applies (not the examples)."""
+    (doc,) = [doc for path in sorted(K8S.glob("*.yaml")) for doc in _load(path) if doc["kind"] == kind]
     return doc
 
 
@@ -116,7 +124,16 @@ def test_kustomization_lists_every_top_level_manifest_and_nothing_missing() -> N
     listed = set(kustomization["resources"])
     on_disk = {path.name for path in K8S.glob("*.yaml") if path.name != "kustomization.yaml"}
     assert listed == on_disk
-    assert kustomization["namespace"] == _by_kind("Namespace")["metadata"]["name"]
+    assert kustomization["namespace"] == _top_level("Namespace")["metadata"]["name"]
+
+
+def test_the_trainer_namespace_allows_the_hostpath_volumes_of_its_pods() -> None:
+    namespace = _by_kind("Namespace", K8S / "examples")
+    trainer = _by_kind("Pod")
+    assert trainer["metadata"]["namespace"] == namespace["metadata"]["name"]
+    assert any("hostPath" in volume for volume in trainer["spec"]["volumes"])
+    # baseline and restricted both forbid hostPath volumes: only privileged admits the trainer pod.
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
 def _daemon_pod() -> dict[str, Any]:
