@@ -32,6 +32,7 @@ from the remaining pieces instead of whole units, with the same two steps.
 from __future__ import annotations
 
 import functools
+import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,9 +143,10 @@ def node_members(weights: tuple[float, ...], groups: int, seed: int) -> tuple[tu
     """The units of each node group, in canonical order: fixed across epochs (see the module).
 
     Groups are added one at a time: the new group takes units from the end of the heaviest groups' lists
-    until it holds about total / groups (a group gives a unit while neither ends up more than half a unit
-    past its target; then the heaviest gives while it stays at least as heavy as the new group). A unit
-    therefore only ever moves to the group being added.
+    until it holds about total / groups (always from the group that is heaviest now, so the old groups
+    drain evenly; a group gives a unit while neither ends up more than half a unit past its target; then
+    the heaviest gives while it stays at least as heavy as the new group). A unit therefore only ever
+    moves to the group being added, and groups of equal units differ by at most one unit.
     """
     members: list[list[int]] = [permutation(len(weights), seed, -1, 0, ":placement")]
     load = [float(sum(weights))]
@@ -152,9 +154,12 @@ def node_members(weights: tuple[float, ...], groups: int, seed: int) -> tuple[tu
         target = load[0] and sum(load) / k
         new: list[int] = []
         got = 0.0
-        for i in sorted(range(k - 1), key=lambda i: -load[i]):
+        heaviest = [(-load[i], i) for i in range(k - 1)]
+        heapq.heapify(heaviest)
+        while heaviest:  # a group that cannot give now never can later in this step: it leaves the heap
+            i = heapq.heappop(heaviest)[1]
             units = members[i]
-            while (
+            if (
                 units
                 and load[i] - weights[units[-1]] / 2 >= target
                 and got + weights[units[-1]] / 2 <= target
@@ -163,6 +168,7 @@ def node_members(weights: tuple[float, ...], groups: int, seed: int) -> tuple[tu
                 load[i] -= weights[unit]
                 got += weights[unit]
                 new.append(unit)
+                heapq.heappush(heaviest, (-load[i], i))
         while True:  # round off: the heaviest gives while it stays at least as heavy as the new group
             i = max(range(k - 1), key=load.__getitem__)
             units = members[i]
