@@ -11,6 +11,7 @@ a DataLoader with the same batching.
 
     .venv/bin/python -m bench.bench_pipeline                       # 16 shards x 1000 samples
     .venv/bin/python -m bench.bench_pipeline --shards 4 --samples 200 --repeats 1 --no-loader   # quick
+    .venv/bin/python -m bench.bench_pipeline --compressed --no-loader  # .tar.gz/.tar.zst against .tar
 """
 
 from __future__ import annotations
@@ -85,6 +86,45 @@ def run_tarfile(paths: list[str]) -> Iterable[Any]:
             yield touch(sample)
 
 
+def compressed_contenders(root: Path, paths: list[str]) -> dict[str, Callable[[], Iterable[Any]]]:
+    """The same shards compressed as other tools write them, read by us and by WebDataset: what the
+    compressed path costs against the plain tar, in the same run. gzip at tar's default level (`tar czf`);
+    `.tar.zst` too when zstandard is installed (the `zstd` extra)."""
+    import gzip
+
+    folder = root / "compressed"
+    folder.mkdir()
+    gz = []
+    for path in paths:
+        out = folder / (Path(path).name + ".gz")
+        with open(path, "rb") as src, gzip.open(out, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        gz.append(str(out))
+    contenders: dict[str, Callable[[], Iterable[Any]]] = {
+        "shardcache .tar.gz": lambda: run_ours(gz),
+        "webdataset .tar.gz": lambda: run_wds(gz),
+    }
+    try:
+        import zstandard
+    except ImportError:
+        return contenders
+    zst = []
+    for path in paths:
+        out = folder / (Path(path).name + ".zst")
+        out.write_bytes(zstandard.ZstdCompressor().compress(Path(path).read_bytes()))
+        zst.append(str(out))
+    contenders["shardcache .tar.zst"] = lambda: run_ours(zst)
+    return contenders
+
+
+def print_compressed(best: dict[str, float]) -> None:
+    for name in ("shardcache .tar.gz", "shardcache .tar.zst"):
+        if name in best:
+            print(f"  ratio {name} / shardcache .tar   {best[name] / best['shardcache']:.2f}x")
+    ours, theirs = best["shardcache .tar.gz"], best["webdataset .tar.gz"]
+    print(f"  ratio shardcache .tar.gz / webdataset .tar.gz {ours / theirs:.2f}x")
+
+
 def loader_ours(paths: list[str], workers: int, batch: int) -> Iterable[Any]:
     from shardcache import Dataset, TorchLoader
 
@@ -122,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--no-loader", action="store_true", help="skip the TorchLoader comparison")
     parser.add_argument("--daemon", action="store_true", help="also read through a real daemon (local allow)")
+    parser.add_argument("--compressed", action="store_true", help="also read .tar.gz (and .tar.zst) copies")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
@@ -134,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
             "webdataset": lambda: run_wds(paths),
             "tarfile": lambda: run_tarfile(paths),
         }
+        if args.compressed:
+            contenders.update(compressed_contenders(root, paths))
         if args.daemon:
             from shardcache.daemon_client import DaemonClient
             from tests.support.devservers import start_daemon
@@ -165,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  ratio tarfile / webdataset         {best['tarfile'] / best['webdataset']:.2f}x")
         if args.daemon:
             print(f"  ratio shardcache+daemon / webdataset {best['shardcache+daemon'] / wds:.2f}x")
+        if args.compressed:
+            print_compressed(best)
         if not args.no_loader:
             ours = best[f"shardcache TorchLoader({args.workers})"]
             theirs = best[f"webdataset DataLoader({args.workers})"]
