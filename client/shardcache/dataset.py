@@ -20,15 +20,10 @@ from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_opt
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import check_daemon_setting
 from shardcache.stages import (
-    AssembleStage,
-    BatchStage,
     CacheStage,
-    MapStage,
     Node,
-    SelectStage,
-    ShuffleStage,
     Stage,
-    UnbatchStage,
+    builders,
 )
 
 CACHE_DEFAULTS: dict[str, Any] = {
@@ -216,38 +211,29 @@ class Dataset:
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
         """Apply `fn` to every sample."""
-        return self._add(MapStage(_callable("fn", fn)))
+        return self._add(builders.map_stage(fn))
 
     def select(self, fields: str | Sequence[str]) -> Dataset:
         """Keep only `fields` (and the `__key__`-style metadata) of every sample."""
-        names = (fields,) if isinstance(fields, str) else tuple(fields)
-        if not names or not all(isinstance(f, str) for f in names):
-            raise ConfigError(f"fields={fields!r}: expected a field name or a non-empty list of names")
-        return self._add(SelectStage(names))
+        return self._add(builders.select_stage(fields))
 
     def shuffle(self, buffer_size: int, initial: int | None = None) -> Dataset:
         """Shuffle through a buffer of `buffer_size` samples, seeded from (seed, slot, epoch)."""
-        _positive_int("buffer_size", buffer_size)
-        if initial is not None:
-            _positive_int("initial", initial)
-        return self._add(ShuffleStage(buffer_size, initial))
+        return self._add(builders.shuffle_stage(buffer_size, initial))
 
     def assemble(self, factory: Callable[[RuntimeContext], Any], drop_last: bool = False) -> Dataset:
         """Feed samples to the assembler `factory(context)` returns (push/finish), emitting its outputs."""
-        return self._add(AssembleStage(_callable("factory", factory), bool(drop_last)))
+        return self._add(builders.assemble_stage(factory, drop_last))
 
     def batch(
         self, batch_size: int, drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None
     ) -> Dataset:
         """Group samples into lists of `batch_size` (through `collate_fn` when given)."""
-        _positive_int("batch_size", batch_size)
-        if collate_fn is not None:
-            _callable("collate_fn", collate_fn)
-        return self._add(BatchStage(batch_size, bool(drop_last), collate_fn))
+        return self._add(builders.batch_stage(batch_size, drop_last, collate_fn))
 
     def unbatch(self) -> Dataset:
         """Flatten batches back into samples."""
-        return self._add(UnbatchStage())
+        return self._add(builders.unbatch_stage())
 
     def cache(
         self,
@@ -258,6 +244,11 @@ class Dataset:
         **extra: Any,
     ) -> Dataset:
         """Materialise everything before this point once into a local Lance dataset (`shardcache.cache`)."""
+        if self._source.kind == "mix":
+            raise ConfigError(
+                "cache() after mix() is not supported: cache each dataset before mixing "
+                "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
+            )
         _positive_int("cache_num_workers", cache_num_workers)
         _positive_int("cache_write_batch_size", cache_write_batch_size)
         _positive_int("max_rows_per_fragment", max_rows_per_fragment)
@@ -422,13 +413,22 @@ class Dataset:
             path = materialise(Dataset(source, stages[:last]), ctx, dict(cache_stage.options))
             source = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
             stages = stages[last + 1 :]
-        node: Node = node_class(source.kind)(source, ctx, self._runtime.facts)
+        node: Node
+        if source.kind == "mix":  # a mix of other datasets (shardcache.mixing.MixSource)
+            from shardcache.mixing import MixSource
+
+            assert isinstance(source, MixSource)
+            node = source.node(ctx)
+        else:
+            node = node_class(source.kind)(source, ctx, self._runtime.facts)
         for stage in stages:
             node = stage.node(node, ctx)
         return node
 
     def __repr__(self) -> str:
         stages = "".join(f".{s.describe()}" for s in self._stages)
+        if self._source.kind == "mix":
+            return f"Dataset.mix({self._source!r}){stages}"
         return f"Dataset.from_source({self._source.kind!r}, <{len(self._source.shards)} shards>){stages}"
 
     # -- mvp-dataset 0.2.3's subsets, filter, consume and snapshot (see the modules named) ------------------

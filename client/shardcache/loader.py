@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
-from shardcache.dataset import Dataset, _callable, _positive_int
-from shardcache.errors import StateError
+from shardcache.dataset import Dataset
+from shardcache.errors import ConfigError, StateError
 from shardcache.loader_stream import MergeNode, WorkerLauncher, WorkerStream
-from shardcache.stages import AssembleStage, BatchStage, MapStage, Node, ShuffleStage, Stage, UnbatchStage
+from shardcache.stages import Node, Stage, builders
 
 if TYPE_CHECKING:
     from shardcache.telemetry import Telemetry
@@ -142,11 +142,11 @@ class TorchLoader:
     ) -> None:
         _torch_data()
         if not isinstance(dataset, Dataset):
-            raise TypeError(f"dataset={dataset!r}: expected a shardcache.Dataset")
+            raise ConfigError(f"dataset={dataset!r}: expected a shardcache.Dataset")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r}: expected an integer >= 0")
+            raise ConfigError(f"num_workers={num_workers!r}: expected an integer >= 0")
         if batch_size is not None:
-            _positive_int("batch_size", batch_size)
+            builders.positive_int("batch_size", batch_size)
         self.dataset = dataset
         self.num_workers = num_workers
         self.batch_size = batch_size
@@ -167,29 +167,25 @@ class TorchLoader:
 
     def map(self, fn: Callable[[Any], Any]) -> TorchLoader:
         """Apply `fn` to every item in the main process."""
-        return self._add(MapStage(_callable("fn", fn)))
+        return self._add(builders.map_stage(fn))
 
     def unbatch(self) -> TorchLoader:
         """Flatten the workers' batches into samples."""
-        return self._add(UnbatchStage())
+        return self._add(builders.unbatch_stage())
 
     def shuffle(self, buffer_size: int, initial: int | None = None, seed: int | None = None) -> TorchLoader:
         """Shuffle across workers; seeded from the dataset's context (TP co-members agree) unless `seed`."""
-        _positive_int("buffer_size", buffer_size)
-        if initial is not None:
-            _positive_int("initial", initial)
-        return self._add(ShuffleStage(buffer_size, initial, seed))
+        return self._add(builders.shuffle_stage(buffer_size, initial, seed))
 
     def assemble(self, factory: Callable[[RuntimeContext], Any], drop_last: bool = False) -> TorchLoader:
         """Assemble in the main process; `factory` receives the dataset's resolved context."""
-        return self._add(AssembleStage(_callable("factory", factory), bool(drop_last)))
+        return self._add(builders.assemble_stage(factory, drop_last))
 
     def batch(
         self, batch_size: int, drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None
     ) -> TorchLoader:
         """Batch in the main process."""
-        _positive_int("batch_size", batch_size)
-        return self._add(BatchStage(batch_size, bool(drop_last), collate_fn))
+        return self._add(builders.batch_stage(batch_size, drop_last, collate_fn))
 
     def set_epoch(self, epoch: int) -> None:
         """Set the dataset's epoch (reaches workers started after this call)."""
@@ -375,9 +371,7 @@ class TorchLoader:
         process_group: Any = None,
     ) -> TorchLoader:
         """The same number of items on every data-parallel rank, resumable (`shardcache.stages.balance`)."""
-        from shardcache.stages.builders import balance_stage
-
-        stage = balance_stage(
+        stage = builders.balance_stage(
             drop_last, dummy_factory, buffer_size, chunk_size, max_transfer_per_round, topology, process_group
         )
         return self._add(stage)

@@ -37,7 +37,7 @@ from shardcache.mix_stream import (
     RecipeIterator,
 )
 from shardcache.sources import SourceSpec
-from shardcache.stages import Node, Stage
+from shardcache.stages import Node
 from shardcache.stages.base import State
 
 logger = logging.getLogger(__name__)
@@ -171,59 +171,36 @@ class MixNode(Node):
         self._pending = state
 
 
-class MixedDataset(Dataset):
-    """A `Dataset` whose source is a mix of other datasets; built by `mix` (`Dataset.mix`)."""
+@dataclass(frozen=True)
+class MixSource(SourceSpec):
+    """The root of a mixed dataset: a source whose samples come from other datasets (`Dataset.build`
+    dispatches on it). Its shards are the members' (telemetry and job ids see them); its description, and
+    so the fingerprint, is the mixing arguments and each member's own fingerprint."""
 
-    def __init__(
-        self,
-        members: Sequence[tuple[str, Dataset]],
-        config: MixConfig,
-        stages: Sequence[Stage] = (),
-        *,
-        context: RuntimeContext | None = None,
-        epoch: int | None = None,
-    ) -> None:
-        shards = tuple(ref for _, ds in members for ref in ds.source.shards)
-        super().__init__(SourceSpec("mix", shards, {}, context, None), stages, epoch=epoch)
-        self._members = tuple(members)
-        self._config = config
+    members: tuple[tuple[str, Dataset], ...] = ()
+    config: MixConfig | None = None
 
-    @property
-    def members(self) -> tuple[tuple[str, Dataset], ...]:
-        """The mixed datasets, by name."""
-        return self._members
+    def describe(self) -> str:
+        assert self.config is not None
+        parts = [self.config.describe(), *(f"{name}={ds.fingerprint()}" for name, ds in self.members)]
+        return "\n".join(parts)
 
-    @property
-    def config(self) -> MixConfig:
-        """The validated mixing arguments and the members' sizes."""
-        return self._config
-
-    def with_stages(self, stages: Sequence[Stage]) -> Dataset:
-        return MixedDataset(
-            self._members, self._config, stages, context=self.source.context, epoch=self.epoch
-        )
-
-    def cache(self, *args: Any, **kwargs: Any) -> Dataset:
-        raise ConfigError(
-            "cache() after mix() is not supported: cache each dataset before mixing "
-            "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
-        )
-
-    def fingerprint(self) -> str:
-        parts = [self._config.describe()]
-        parts += [f"{name}={ds.fingerprint()}" for name, ds in self._members]
-        parts += [stage.describe() for stage in self.stages]
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-
-    def build(self, ctx: RuntimeContext) -> Node:
-        node: Node = MixNode(self._members, self._config, ctx)
-        for stage in self.stages:
-            node = stage.node(node, ctx)
-        return node
+    def node(self, ctx: RuntimeContext) -> Node:
+        """The mix's node for one slot (each member built for the same slot)."""
+        assert self.config is not None
+        return MixNode(self.members, self.config, ctx)
 
     def __repr__(self) -> str:
-        names = ", ".join(self._config.names)
-        return f"Dataset.mix([{names}]){''.join(f'.{s.describe()}' for s in self.stages)}"
+        names = ", ".join(name for name, _ in self.members)
+        return f"MixSource([{names}])"
+
+
+def mix_root(
+    members: Sequence[tuple[str, Dataset]], config: MixConfig, context: RuntimeContext | None
+) -> MixSource:
+    """The `MixSource` of `members` mixed by `config`."""
+    shards = tuple(ref for _, ds in members for ref in ds.source.shards)
+    return MixSource("mix", shards, {}, context, None, members=tuple(members), config=config)
 
 
 def _named(datasets: Mapping[str, Dataset] | Sequence[Dataset]) -> list[tuple[str, Dataset]]:
@@ -269,7 +246,7 @@ def mix(
     main: str | None = None,
     *,
     context: RuntimeContext | None = None,
-) -> MixedDataset:
+) -> Dataset:
     """Mix several datasets into one (seed 003): temperature-weighted counts, or exact recipe batches.
 
     Args:
@@ -286,7 +263,7 @@ def mix(
         context: An explicit RuntimeContext for the mix (else inferred at iteration, as for any Dataset).
 
     Returns:
-        A `Dataset` (a `MixedDataset`) to chain stages on, iterate, or hand to TorchLoader.
+        A `Dataset` whose source is a `MixSource`, to chain stages on, iterate, or hand to TorchLoader.
 
     Raises:
         ConfigError: a bad argument, named, with what is accepted.
@@ -346,7 +323,7 @@ def mix(
             seed=seed or 0,
         )
         plan.log()
-    return MixedDataset(members, config, context=context)
+    return Dataset(mix_root(members, config, context))
 
 
 def mixed_source(
@@ -356,7 +333,7 @@ def mixed_source(
     weights: Mapping[str, int] | None = None,
     context: RuntimeContext | None = None,
     seed: int | None = None,
-) -> MixedDataset:
+) -> Dataset:
     """`Dataset.from_source("mixed", sources=..., strategy=..., weights=...)`: mvp-dataset's mixed source.
 
     Each source is read once per epoch (every slot its own share, as for any dataset), in the order the
@@ -418,6 +395,5 @@ def mixed_source(
         main=None,
         strategy=strategy,
     )
-    return MixedDataset(
-        members, config, context=context if context is not None else next(iter(explicit), None)
-    )
+    chosen = context if context is not None else next(iter(explicit), None)
+    return Dataset(mix_root(members, config, chosen))

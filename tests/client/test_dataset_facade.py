@@ -9,14 +9,14 @@ from pipeline_support import keys, make_tars
 
 from shardcache import Dataset
 from shardcache.mini_epochs import mini_epochs
-from shardcache.mixing import MixedDataset
+from shardcache.mixing import MixSource
 
 
 def test_dataset_mix_builds_a_mixed_dataset_with_the_planned_counts(tmp_path: Path) -> None:
     big = Dataset.from_source("tars", make_tars(tmp_path / "big", 4, 5, prefix="big"), daemon=None)
     small = Dataset.from_source("tars", make_tars(tmp_path / "small", 2, 5, prefix="small"), daemon=None)
     mixed = Dataset.mix({"big": big, "small": small}, seed=3)
-    assert isinstance(mixed, MixedDataset)
+    assert type(mixed) is Dataset and isinstance(mixed.source, MixSource)
     counts = Counter(sample["txt"].split(b"-")[0] for sample in mixed)
     # The largest source keeps its size; the other is upsampled towards it, capped at 1.5x the total.
     assert counts[b"big"] == 20 and counts[b"small"] == 10
@@ -38,3 +38,22 @@ def test_dataset_mini_epochs_equals_the_module_function(tmp_path: Path) -> None:
     by_function = mini_epochs(ds, 4, num_workers=0)
     assert [keys(c) for c in by_method] == [keys(c) for c in by_function]
     assert sorted(k for c in by_method for k in keys(c)) == sorted(keys(ds))
+
+
+def test_a_mix_refuses_cache_with_a_config_error(tmp_path: Path) -> None:
+    import pytest
+
+    from shardcache import ConfigError
+
+    a = Dataset.from_source("tars", make_tars(tmp_path / "a", 2, 2, prefix="a"), daemon=None)
+    with pytest.raises(ConfigError, match="cache each dataset before mixing"):
+        Dataset.mix({"a": a}, seed=1).map(keys).cache()
+
+
+def test_a_mix_with_stages_keeps_its_root_and_fingerprint(tmp_path: Path) -> None:
+    a = Dataset.from_source("tars", make_tars(tmp_path / "a", 2, 2, prefix="a"), daemon=None)
+    mixed = Dataset.mix({"a": a}, seed=1)
+    staged = mixed.batch(2)
+    assert staged.source is mixed.source
+    assert staged.fingerprint() != mixed.fingerprint()
+    assert Dataset.mix({"a": a}, seed=1).fingerprint() == mixed.fingerprint()

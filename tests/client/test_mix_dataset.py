@@ -14,7 +14,7 @@ from pipeline_support import assert_resumes, make_tars, slot_contexts
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.mix_plan import plan_mix
-from shardcache.mixing import mix
+from shardcache.mixing import MixSource, mix
 
 
 def origin(sample: Any) -> str:
@@ -71,7 +71,8 @@ def test_manifest_num_samples_give_the_sizes_without_counting(
     manifested = Dataset.from_source("tars", [ShardRef(p, num_samples=10) for p in paths], daemon=None)
     with caplog.at_level(logging.INFO, logger="shardcache"):
         mixed = mix({"man": manifested}, seed=0)
-    assert mixed.config.sizes == (20,)
+    assert isinstance(mixed.source, MixSource) and mixed.source.config is not None
+    assert mixed.source.config.sizes == (20,)
     assert "counting the samples" not in caplog.text
 
 
