@@ -18,7 +18,7 @@ from shardcache.iteration import STATE_VERSION, PipelineIterator, _source_of, in
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
-from shardcache.sources.opener import check_daemon_setting
+from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.stages import (
     CacheStage,
     Node,
@@ -111,7 +111,7 @@ class Dataset:
         shards: Any = None,
         *,
         context: RuntimeContext | None = None,
-        daemon: Any = "auto",
+        daemon: DaemonSetting = "auto",
         **options: Any,
     ) -> Dataset:
         """A dataset reading `shards` of one kind: "tars" (or "tar"), "jsonl", "parquet" or "lance".

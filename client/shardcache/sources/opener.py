@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO, Literal, TypeAlias
 
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
@@ -13,7 +13,9 @@ from shardcache.shards import ShardRef
 if TYPE_CHECKING:
     from shardcache.daemon_client import DaemonClient
 
-DaemonSetting = Any  # "auto" | "required" | None | socket path | DaemonClient
+# "auto": the node daemon, direct reads when none answers; "required": the daemon or an error; None: direct
+# reads; any other string: the daemon's socket path; or a DaemonClient.
+DaemonSetting: TypeAlias = "Literal['auto', 'required'] | str | DaemonClient | None"
 _NAMED = ("auto", "required")
 
 

@@ -9,33 +9,42 @@ per-sample method dispatch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from shardcache.errors import StateError
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    T = TypeVar("T", default=Any)  # a bare `Node` is `Node[Any]`
+else:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 State = dict[str, Any]
 
 
-class Node:
-    """Base of every source and stage iterator."""
+class Node(Generic[T]):
+    """Base of every source and stage iterator; `Node[T]` yields items of type T (`Node` alone: Any)."""
 
     def __init__(self) -> None:
-        self._it: Iterator[Any] | None = None
+        self._it: Iterator[T] | None = None
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[T]:
         """The generator of this node's items; subclasses implement it."""
         raise NotImplementedError
 
-    def iterator(self) -> Iterator[Any]:
+    def iterator(self) -> Iterator[T]:
         """This node's running generator (created on first use, after any `load_state_dict`)."""
         if self._it is None:
             self._it = self.gen()
         return self._it
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T:
         return next(self._it if self._it is not None else self.iterator())
 
     def state_dict(self) -> State:
@@ -56,7 +65,7 @@ class Node:
             self._it.close()
 
 
-class StatelessNode(Node):
+class StatelessNode(Node[T]):
     """A 1:1 or filtering stage whose position is its upstream's (map, select)."""
 
     def __init__(self, up: Node) -> None:
