@@ -96,7 +96,7 @@ def daemon_running(
         run / "d.sock",
         workdir / f"cache-{policy}-{time.monotonic_ns()}",
         [allow],
-        capacity=str(capacity),
+        capacity=f"{capacity}B",
         extra_args=[
             "--policy",
             policy,

@@ -59,7 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--capacity",
         metavar="SIZE",
-        help="bytes (500GiB, 2TB, 4096) or a share of the cache filesystem (90%%); default 90%%",
+        help="a size with a unit (500GiB, 2TB) or a share of the cache filesystem (90%%); a bare number "
+        "counts bytes and must be at least 1 MiB; default 90%%",
+    )
+    add(
+        "--min-free",
+        metavar="SIZE",
+        help="free space eviction keeps on the cache filesystem whatever the capacity allows: a share of "
+        "its size (5%%) or a size (20GiB); 0 turns the floor off; default 5%%",
     )
     add(
         "--socket",
@@ -120,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_file = args.pop("config", None)
     try:
         settings = load_settings(args, config_file)
-    except (ValidationError, ValueError, FileNotFoundError) as exc:
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            print(f"shardcached: invalid configuration: {where}: {message}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
         print(f"shardcached: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(

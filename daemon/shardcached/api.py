@@ -177,7 +177,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last."""
         urls = [service.allow.check(url) for url in body.urls]
         plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
-        service.wake_prefetcher()
+        service.plans_changed()
         return PlanResponse(plan=plan_id)
 
     @router.get("/plans")

@@ -60,6 +60,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
         max_fetches=settings.max_fetches,
         evict_wait_s=settings.evict_wait_s,
         revalidate_after_s=settings.revalidate_after_s,
+        min_free=settings.min_free_bytes(),
     )
     metrics.bind_state(
         StateReaders(

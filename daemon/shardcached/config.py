@@ -41,6 +41,8 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_BARE = re.compile(r"^\s*\d+\s*$")
+MIN_BARE_CAPACITY = 1024 * 1024  # `--capacity 90` is 90 bytes: almost surely meant as 90% or 90GiB
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -60,23 +62,57 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def check_capacity(text: str) -> None:
+    """Refuse a capacity that cannot be meant: malformed, zero, a bad share, or a bare number below 1 MiB.
+
+    Raises:
+        ValueError: the message says which forms are accepted.
+    """
+    share = _SHARE.match(text)
+    if share is not None:
+        if not 0 < float(share.group(1)) <= 100:
+            raise ValueError(f"invalid capacity {text!r}: a share must lie in (0%, 100%]")
+        return
+    size = parse_size(text)
+    if size <= 0:
+        raise ValueError(f"invalid capacity {text!r}: must be larger than zero")
+    if _BARE.match(text) and size < MIN_BARE_CAPACITY:
+        number = text.strip()
+        raise ValueError(
+            f"capacity {number!r} is {size} bytes (a number without a unit counts bytes): write "
+            f"{number}% for a share of the cache filesystem, or a unit such as {number}GiB"
+        )
+
+
 def parse_capacity(text: str, cache_dir: str | Path) -> int:
     """Capacity in bytes: a size, or a percentage of the filesystem that holds `cache_dir`.
 
     Raises:
-        ValueError: malformed text, a share outside (0, 100], or a capacity of zero.
+        ValueError: malformed text, a share outside (0, 100], a capacity of zero, or a bare number
+            below 1 MiB (`90` is 90 bytes, almost surely meant as `90%` or `90GiB`).
+    """
+    check_capacity(text)
+    share = _SHARE.match(text)
+    if share is not None:
+        stat = os.statvfs(cache_dir)
+        return int(stat.f_blocks * stat.f_frsize * float(share.group(1)) / 100)
+    return parse_size(text)
+
+
+def parse_min_free(text: str, cache_dir: str | Path) -> int:
+    """The free-space floor in bytes: a size, or a percentage of the size of `cache_dir`'s filesystem.
+
+    Raises:
+        ValueError: malformed text or a share outside [0, 100).
     """
     share = _SHARE.match(text)
     if share is not None:
         percent = float(share.group(1))
-        if not 0 < percent <= 100:
-            raise ValueError(f"invalid capacity {text!r}: a share must lie in (0%, 100%]")
+        if not 0 <= percent < 100:
+            raise ValueError(f"invalid min_free {text!r}: a share must lie in [0%, 100%)")
         stat = os.statvfs(cache_dir)
         return int(stat.f_blocks * stat.f_frsize * percent / 100)
-    size = parse_size(text)
-    if size <= 0:
-        raise ValueError(f"invalid capacity {text!r}: must be larger than zero")
-    return size
+    return parse_size(text)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -94,6 +130,11 @@ class Settings(BaseSettings):
 
     cache_dir: Path = Field(default=Path(PRODUCTION_CACHE_DIR), description="where shards are kept")
     capacity: str = Field(default="90%", description="bytes (500GiB) or share of the cache filesystem (90%)")
+    min_free: str = Field(
+        default="5%",
+        description="free space eviction keeps on the cache filesystem, whatever the capacity says: bytes "
+        "(20GiB) or a share of the filesystem's size (5%); 0 turns the floor off",
+    )
     socket: str = Field(default_factory=default_socket_path, description="Unix socket of the API")
     metrics_addr: str = Field(
         default=DEFAULT_METRICS_ADDR, description="HOST:PORT of /metrics and /v1/health"
@@ -146,8 +187,17 @@ class Settings(BaseSettings):
     @field_validator("capacity")
     @classmethod
     def _check_capacity(cls, value: str) -> str:
-        if not _SHARE.match(value):
+        check_capacity(value)
+        return value
+
+    @field_validator("min_free")
+    @classmethod
+    def _check_min_free(cls, value: str) -> str:
+        share = _SHARE.match(value)
+        if share is None:
             parse_size(value)
+        elif not 0 <= float(share.group(1)) < 100:
+            raise ValueError(f"invalid min_free {value!r}: a share must lie in [0%, 100%)")
         return value
 
     @field_validator("metrics_addr")
@@ -159,6 +209,10 @@ class Settings(BaseSettings):
     def capacity_bytes(self) -> int:
         """The capacity in bytes (a share is resolved against the cache filesystem, which must exist)."""
         return parse_capacity(self.capacity, self.cache_dir)
+
+    def min_free_bytes(self) -> int:
+        """The free-space floor in bytes (a share is resolved against the cache filesystem)."""
+        return parse_min_free(self.min_free, self.cache_dir)
 
 
 def load_settings(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None) -> Settings:

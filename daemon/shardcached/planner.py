@@ -177,6 +177,11 @@ class Planner:
         """Number of live plans."""
         return len(self._plans)
 
+    @property
+    def reader_count(self) -> int:
+        """Number of (job, slot) pairs with a live plan: the readers that may read concurrently."""
+        return len(self._chains)
+
     def record_open(self, url: str, plan_id: str | None = None) -> None:
         """Note a client open (hit or miss) of `url`, optionally made under a plan.
 

@@ -3,7 +3,8 @@
 The Unix socket is created here, not by uvicorn (which leaves new sockets 0o666): it is bound under a
 umask that grants nothing to other users and chmod-ed 0o660, so only the daemon's user and group can
 connect. SIGTERM/SIGINT stop both listeners, tell downloads to stop (they remove their temp files), wait
-for them, remove the socket and return 0.
+for them, remove the socket and return 0. The cache directory is locked first (dirlock.py): a second
+daemon on the same directory exits with status 1, naming the directory and the holder's pid.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
+from shardcached.dirlock import lock_cache_dir, unlock_cache_dir
 from shardcached.planner import Planner
 from shardcached.store import Store
 
@@ -105,8 +107,34 @@ def _uvicorn_config(app: object, graceful_s: float, http: Any = "httptools") -> 
 
 
 async def serve(settings: Settings) -> int:
-    """Serve until SIGTERM/SIGINT; returns the exit status."""
-    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    """Serve until SIGTERM/SIGINT; returns the exit status.
+
+    Raises:
+        RuntimeError: the cache directory is locked by another daemon, or the socket is taken.
+    """
+    lock = lock_cache_dir(settings.cache_dir)
+    try:
+        return await _serve_locked(settings)
+    finally:
+        unlock_cache_dir(lock)
+
+
+def _describe_space(settings: Settings, capacity: int) -> str:
+    """One line on the cache's size and its filesystem's free space, for the start-up log."""
+    fs = os.statvfs(settings.cache_dir)
+    size, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
+    return (
+        f"capacity {capacity} bytes ({_gib(capacity)}, --capacity {settings.capacity}); cache filesystem "
+        f"{_gib(free)} free of {_gib(size)}, eviction keeps {_gib(settings.min_free_bytes())} free "
+        f"(--min-free {settings.min_free})"
+    )
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+async def _serve_locked(settings: Settings) -> int:
     store = Store(settings.cache_dir, settings.capacity_bytes(), settings.lease_ttl_s)
     store.recover()
     planner = Planner(
@@ -137,14 +165,14 @@ async def serve(settings: Settings) -> int:
     if not settings.allow:
         logger.warning("no --allow prefix is configured: every open will be refused with 403")
     logger.info(
-        "shardcached %s: socket %s, metrics http://%s/metrics, cache %s (%d bytes), allow %s",
+        "shardcached %s: socket %s, metrics http://%s/metrics, cache %s, allow %s",
         app.version,
         settings.socket,
         settings.metrics_addr,
         settings.cache_dir,
-        store.capacity,
         settings.allow,
     )
+    logger.info("%s", _describe_space(settings, store.capacity))
     try:
         await asyncio.gather(api.serve(sockets=[api_socket]), metrics.serve(sockets=[metrics_socket]))
     finally:

@@ -23,6 +23,7 @@ from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
 from shardcached.prefetch import Prefetcher
+from shardcached.sizing import SizingCheck
 from shardcached.space import Space
 from shardcached.store import Entry, Store
 from shardcached.verify import ChecksumCheck
@@ -47,6 +48,7 @@ class ShardService:
         max_fetches: int = 4,
         evict_wait_s: float = 10.0,
         revalidate_after_s: float = 3600.0,
+        min_free: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -64,9 +66,16 @@ class ShardService:
         self._closing = False
         self._pool = ThreadPoolExecutor(max_workers=max(8, 2 * max_fetches + 4), thread_name_prefix="fetch")
         self.space = Space(
-            store, planner, metrics, evict_wait_s=evict_wait_s, clock=clock, closing=lambda: self._closing
+            store,
+            planner,
+            metrics,
+            evict_wait_s=evict_wait_s,
+            clock=clock,
+            closing=lambda: self._closing,
+            min_free=min_free,
         )
         self.checksums = ChecksumCheck(store, self.space, self._blocking)
+        self.sizing = SizingCheck(store.capacity, planner.prefetch_depth)
         self.prefetcher = Prefetcher(self, planner, clock)
         self._loops: list[asyncio.Task[Any]] = []
         self.hits = self.misses = self.bytes_fetched = self.bytes_served = 0
@@ -104,9 +113,10 @@ class ShardService:
         self.space.changed()
         self.prefetcher.wake()
 
-    def wake_prefetcher(self) -> None:
-        """Plans changed: look for shards to prefetch."""
+    def plans_changed(self) -> None:
+        """Plans changed: look for shards to prefetch, and check the cache's size against the readers."""
         self.prefetcher.wake()
+        self.sizing.check(self.planner.reader_count)
 
     def begin_shutdown(self) -> None:
         """Refuse new opens and tell downloads to stop; `stop` then waits for them."""
@@ -287,6 +297,9 @@ class ShardService:
         self.metrics.fetch_seconds.observe(time.perf_counter() - started)
         self.store.add(entry)
         self.planner.touch(url)
+        if info.size > self.sizing.largest_shard:
+            self.sizing.saw_shard(info.size)
+            self.sizing.check(self.planner.reader_count)
         self._infos.pop(url, None)
         logger.info("fetched %s (%d bytes, %s)", url, info.size, "demand" if demand else "prefetch")
         return entry
@@ -311,7 +324,9 @@ class ShardService:
         self._notify()
 
     def trim(self) -> int:
-        """Evict until the store fits its capacity (after a restart with a smaller one); returns how many."""
+        """Evict until the store fits its capacity and the disk its free-space floor; returns how many."""
+        for entry in self.store.by_url.values():
+            self.sizing.saw_shard(entry.size)
         return self.space.trim()
 
     @property

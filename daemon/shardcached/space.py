@@ -1,7 +1,8 @@
 """Room in the cache: what to evict so a download fits, waiting for leases, and eviction bookkeeping.
 
 Space is reserved before a download starts, evicting what the planner chooses, so the capacity holds with
-downloads in flight, and so does the cache filesystem's real free space (statvfs). Shards that opens are
+downloads in flight, and so does the cache filesystem's real free space (statvfs): eviction keeps at least
+`min_free` bytes free there (`--min-free`), whatever else writes to that filesystem. Shards that opens are
 waiting to lease (`awaiting`) are never chosen: their open was recorded on arrival, so no plan protects
 them any more.
 """
@@ -35,8 +36,10 @@ class Space:
         evict_wait_s: float,
         clock: Callable[[], float],
         closing: Callable[[], bool],
+        min_free: int = 0,
     ) -> None:
         self.store = store
+        self.min_free = min_free
         self.planner = planner
         self.metrics = metrics
         self.evict_wait_s = evict_wait_s
@@ -105,8 +108,9 @@ class Space:
             if remaining <= 0 and (short := self.disk_short(size)):
                 raise InsufficientCapacity(
                     f"no room for {url} ({size} bytes): the cache filesystem of {store.cache_dir} lacks "
-                    f"{short} bytes and every shard on it is leased or being downloaded; free space there, "
-                    f"or set shardcached --capacity below what the disk holds",
+                    f"{short} bytes (keeping {self.min_free} bytes free, --min-free) and every shard on it "
+                    f"is leased or being downloaded; free space there, or set shardcached --capacity below "
+                    f"what the disk holds",
                     code="cache_disk_full",
                 )
             if remaining <= 0:
@@ -120,7 +124,8 @@ class Space:
         store.reserve(size)
 
     def disk_short(self, size: int) -> int:
-        """Bytes the cache filesystem lacks to take `size` more bytes besides the downloads in flight.
+        """Bytes the cache filesystem lacks to take `size` more bytes besides the downloads in flight and
+        still keep `min_free` bytes free.
 
         `--capacity` may exceed what the disk really has free (other files, a shared or small filesystem),
         so making room also evicts until the free space holds the shard; ENOSPC mid-download is then the
@@ -133,7 +138,7 @@ class Space:
         except OSError as exc:  # not knowing is not a reason to refuse: the download will tell
             logger.debug("statvfs of %s failed: %s", self.store.cache_dir, exc)
             return 0
-        return max(0, size + self.store.reserved_bytes - fs.f_bavail * fs.f_frsize)
+        return max(0, size + self.store.reserved_bytes + self.min_free - fs.f_bavail * fs.f_frsize)
 
     def evict(self, url: str, reason: str) -> Entry:
         """Drop `url` from the cache (files live on until its leases end) and count why."""
@@ -147,9 +152,15 @@ class Space:
         return entry
 
     def trim(self) -> int:
-        """Evict until the store fits its capacity (after a restart with a smaller one); returns how many."""
+        """Evict until the store fits its capacity and the disk keeps `min_free` free (at start: a restart
+        with a smaller capacity, or a disk that filled meanwhile); returns how many shards went."""
         evicted = 0
-        while self.store.used > self.store.capacity and (candidates := self.store.evictable()):
-            self.evict(self.planner.choose_victim(candidates) or candidates[0], "capacity")
+        while (over := self.store.used > self.store.capacity) or self.disk_short(0):
+            candidates = self.store.evictable()
+            if not candidates:
+                break
+            self.evict(
+                self.planner.choose_victim(candidates) or candidates[0], "capacity" if over else "disk_full"
+            )
             evicted += 1
         return evicted

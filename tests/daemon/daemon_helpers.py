@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 from conftest import api, metric, wait_for  # noqa: F401 - shared helpers, re-exported here
+from shardcached.dirlock import LOCK_NAME
 
 
 def files_in(cache_dir: Path) -> list[str]:
-    return sorted(p.name for p in cache_dir.iterdir()) if cache_dir.exists() else []
+    """The cache directory's files, but for the daemon's lock file (there while any daemon ran on it)."""
+    return sorted(p.name for p in cache_dir.iterdir() if p.name != LOCK_NAME) if cache_dir.exists() else []
 
 
 class Proxy:

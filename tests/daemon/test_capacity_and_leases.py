@@ -15,7 +15,7 @@ def test_a_stream_of_opens_over_more_data_than_the_capacity_never_exceeds_it(mak
     shards = make_bucket(count=8, samples=16, payload_bytes=8 * 1024)
     size = shards.size_of(shards.names[0])
     capacity = 3 * size + size // 2
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity=str(capacity))
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity=f"{capacity}B")
     with api(daemon) as http:
         for url in shards.s3_urls * 2:
             answer = http.post("/v1/shards/open", json={"url": url}).json()
@@ -42,7 +42,7 @@ def test_an_open_that_only_leased_shards_could_make_room_for_is_507(make_bucket,
     shards = make_bucket(count=2, samples=16, payload_bytes=8 * 1024)
     size = shards.size_of(shards.names[0])
     daemon = daemon_factory(
-        allow=[f"s3://{shards.bucket}"], capacity=str(size + size // 2), extra_args=["--evict-wait-s", "0.3"]
+        allow=[f"s3://{shards.bucket}"], capacity=f"{size + size // 2}B", extra_args=["--evict-wait-s", "0.3"]
     )
     with api(daemon) as http:
         held = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
@@ -54,7 +54,7 @@ def test_an_open_that_only_leased_shards_could_make_room_for_is_507(make_bucket,
 def test_releasing_a_lease_lets_the_shard_be_evicted(make_bucket, daemon_factory):
     shards = make_bucket(count=2, samples=16, payload_bytes=8 * 1024)
     size = shards.size_of(shards.names[0])
-    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity=str(size + size // 2))
+    daemon = daemon_factory(allow=[f"s3://{shards.bucket}"], capacity=f"{size + size // 2}B")
     with api(daemon) as http:
         first = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
         assert http.post("/v1/shards/release", json={"lease": first["lease"]}).status_code == 204
@@ -104,7 +104,7 @@ def test_an_unreleased_lease_expires_after_its_ttl(make_bucket, daemon_factory):
     size = shards.size_of(shards.names[0])
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"],
-        capacity=str(size + size // 2),
+        capacity=f"{size + size // 2}B",
         extra_args=["--lease-ttl-s", "0.5", "--evict-wait-s", "20"],
     )
     with api(daemon) as http:

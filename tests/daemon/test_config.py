@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from shardcached.__main__ import build_parser
-from shardcached.config import load_settings, parse_capacity, parse_size
+from shardcached.config import load_settings, parse_capacity, parse_min_free, parse_size
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,42 @@ def test_a_percentage_is_a_share_of_the_cache_filesystem(tmp_path: Path):
 def test_impossible_capacities_are_rejected(text, tmp_path: Path):
     with pytest.raises(ValueError):
         parse_capacity(text, tmp_path)
+
+
+@pytest.mark.parametrize("text", ["90", "1048575", " 512 "])
+def test_a_bare_capacity_below_one_mib_is_refused_suggesting_a_share_or_a_unit(text, tmp_path: Path):
+    with pytest.raises(ValueError, match=r"counts bytes.*%.*GiB"):
+        parse_capacity(text, tmp_path)
+    with pytest.raises(ValidationError, match=f"{text.strip()}%"):
+        load_settings({"capacity": text})
+
+
+@pytest.mark.parametrize("text", ["1048576", "512KiB", "90%"])
+def test_a_bare_capacity_of_one_mib_or_any_unit_is_accepted(text, tmp_path: Path):
+    assert parse_capacity(text, tmp_path) > 0
+
+
+def test_the_cli_refuses_capacity_90_in_one_line_naming_the_fix(tmp_path: Path):
+    run = subprocess.run(
+        [sys.executable, "-m", "shardcached", "--capacity", "90", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "90%" in run.stderr and "90GiB" in run.stderr
+
+
+def test_min_free_is_a_share_of_the_filesystem_or_a_size_with_a_default_of_5_percent(tmp_path: Path):
+    import os
+
+    stat = os.statvfs(tmp_path)
+    assert load_settings({}).min_free == "5%"
+    assert parse_min_free("5%", tmp_path) == int(stat.f_blocks * stat.f_frsize * 0.05)
+    assert parse_min_free("20GiB", tmp_path) == 20 * 1024**3
+    assert parse_min_free("0", tmp_path) == 0
+    with pytest.raises(ValidationError, match="min_free"):
+        load_settings({"min_free": "100%"})
 
 
 def test_flags_beat_env_which_beats_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -80,7 +80,7 @@ def test_warming_an_unplanned_url_into_a_cache_full_of_planned_shards_is_skipped
     a, b, x = shards.s3_urls
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"],
-        capacity=str(2 * shard_size(shards)),
+        capacity=f"{2 * shard_size(shards)}B",
         extra_args=["--prefetch-depth", "2"],
     )
     log = tmp_path / "daemon0.log"
@@ -98,7 +98,7 @@ def test_warming_displaces_shards_that_no_plan_needs(make_bucket, daemon_factory
     a, b, x, y = shards.s3_urls
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"],
-        capacity=str(3 * shard_size(shards)),
+        capacity=f"{3 * shard_size(shards)}B",
         extra_args=["--prefetch-depth", "2", "--max-fetches", "1"],
     )
     with api(daemon) as http:
@@ -116,7 +116,7 @@ def test_a_prefetched_shard_evicted_before_any_open_counts_as_evicted_unused(mak
     a, b, c = shards.s3_urls
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"],
-        capacity=str(2 * shard_size(shards)),
+        capacity=f"{2 * shard_size(shards)}B",
         extra_args=["--prefetch-depth", "2"],
     )
     with api(daemon) as http:

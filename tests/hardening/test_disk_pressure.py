@@ -12,7 +12,7 @@ import pytest
 
 from conftest import IN_CI
 
-from .support import api, assert_cache_intact
+from .support import api, assert_cache_intact, metric
 
 ENOSPC_BUG = (
     "the daemon counts only --capacity, never the filesystem's free space: since a971a67 a download that "
@@ -105,3 +105,26 @@ def test_a_full_filesystem_never_crashes_the_daemon_nor_leaves_a_partial_shard(
     originals = dict(zip(shards.s3_urls, map(Path, shards.local_paths), strict=True))
     assert assert_cache_intact(cache, originals) >= 1
     assert daemon.process.poll() is None
+
+
+@pytest.mark.timeout(90)
+def test_a_co_located_write_within_the_free_space_floor_succeeds_after_the_cache_filled_the_disk(
+    small_fs, daemon_factory, make_bucket
+):
+    shards = one_mib_shards(make_bucket)
+    cache = small_fs / "cache"
+    daemon = daemon_factory(
+        allow=[f"s3://{shards.bucket}"],
+        capacity="100%",
+        cache_dir=cache,
+        extra_args=["--min-free", "1600KiB", "--retries", "1", "--retry-backoff-s", "0.01"],
+    )
+    with api(daemon) as http:
+        for url in shards.s3_urls:
+            answer = http.post("/v1/shards/open", json={"url": url})
+            assert answer.status_code == 200, answer.text
+            http.post("/v1/shards/release", json={"lease": answer.json()["lease"]})
+    assert metric(daemon, "shardcache_evictions_total", 'reason="disk_full"') >= 1
+    # Another program on the same 3 MiB disk: with the default floor (5%) two ~1 MiB shards would stay and
+    # leave ~1.1 MiB free; the 1600 KiB floor keeps one, so this write fits.
+    (small_fs / "neighbour.bin").write_bytes(b"n" * 1500 * 1024)

@@ -95,7 +95,7 @@ def test_sixty_four_clients_over_twice_the_cache_see_no_errors_and_capacity_and_
     shards = make_bucket(count=128, samples=2, payload_bytes=3000)  # 10 KiB shards, 2 per slot and epoch
     capacity = shards.total_bytes // 2
     daemon = daemon_factory(
-        allow=[f"s3://{shards.bucket}"], capacity=str(capacity), extra_args=["--max-fetches", "8"]
+        allow=[f"s3://{shards.bucket}"], capacity=f"{capacity}B", extra_args=["--max-fetches", "8"]
     )
     load = run_load(daemon, shards.s3_urls, tmp_path)
 
