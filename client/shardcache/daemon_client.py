@@ -1,8 +1,9 @@
 """`DaemonClient`: open shards through the node daemon, or directly when none answers.
 
-The hot path is `open`: one keep-alive round trip (`POST /v1/shards/open`), an `open()` of the local path the
-daemon hands over, and a lease release whose answer is read lazily on the next request. Everything else
-(plans, stats, prefetch) is control plane and may cost more.
+The hot path is `open`: one keep-alive round trip (`POST /v1/shards/open`) on the hand-written transport
+(`shardcache.transport`), an `open()` of the local path the daemon hands over, and a lease release whose
+answer is read lazily on the next request. Everything else (plans, stats, listings, prefetch, evict, health
+probes) is control plane and goes through httpx (`shardcache.control`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, BinaryIO, Literal, cast
 
 from shardcache import protocol
+from shardcache.control import ControlClient
 from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover, rediscover
 from shardcache.errors import (
     ConfigError,
@@ -99,6 +101,7 @@ class DaemonClient:
 
     def _setup(self) -> None:
         self._transport = _CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
+        self._control = ControlClient(self.socket, self.timeout)
         self._state_lock = threading.Lock()
         # Monotonic time of the last failed attempt to reach the daemon; None while it answers.
         self._down_at: float | None = None
@@ -176,13 +179,14 @@ class DaemonClient:
             body["size"] = size
         if checksum is not None:
             body["checksum"] = checksum
+        path = f"{_V1}/shards/open"
         try:
-            return self._through_restarts("POST", f"{_V1}/shards/open", body, url)
+            return self._through_restarts(lambda: self._transport.request("POST", path, body), url)
         except InsufficientCapacity as exc:
             return self._cannot_fit(url, exc)
 
-    def _through_restarts(self, method: str, path: str, body: Any, url: str | None) -> Any:
-        """One request's JSON answer, waiting out a daemon restart; None: go on without the daemon.
+    def _through_restarts(self, send: Callable[[], Response], url: str | None) -> Any:
+        """The JSON answer of `send()` (one request), waiting out a daemon restart; None: go on without it.
 
         A daemon that answers 503 shutting_down, or whose socket goes away after it answered, is being
         restarted (systemd, a DaemonSet rolling update): the request is sent again once its socket answers,
@@ -197,7 +201,7 @@ class DaemonClient:
         delay = _PROBE_FIRST_S
         while True:
             try:
-                answer = self._transport.request(method, path, body)
+                answer = send()
             except DaemonUnavailable as exc:
                 failure: DaemonError = exc
             else:
@@ -237,10 +241,8 @@ class DaemonClient:
                 return False
             time.sleep(min(delay, remaining))  # pacing the probes of a restarting daemon
             try:
-                if (
-                    self._transport.probe(f"{_V1}/health", timeout=min(2.0, max(remaining, 0.1))).status
-                    == 200
-                ):
+                probe_s = min(2.0, max(remaining, 0.1))
+                if self._control.request("GET", f"{_V1}/health", timeout=probe_s).status == 200:
                     return True
             except DaemonUnavailable:
                 pass
@@ -366,7 +368,7 @@ class DaemonClient:
         if found.socket != self.socket:
             logger.info("shardcached socket found at %s (was %s)", found.socket, self.socket)
             self.discovery, self.socket = found, found.socket
-            self._transport.socket_path = found.socket
+            self._transport.socket_path = self._control.socket_path = found.socket
 
     def _went_down(self, exc: DaemonError) -> None:
         if self.required:
@@ -393,7 +395,7 @@ class DaemonClient:
     def available(self) -> bool:
         """Whether a daemon answers on the socket right now (a health check with a short timeout)."""
         try:
-            ok = self._transport.probe(f"{_V1}/health", timeout=min(self.timeout, 2.0)).status == 200
+            ok = self._control.request("GET", f"{_V1}/health", timeout=min(self.timeout, 2.0)).status == 200
         except DaemonUnavailable:
             return False
         if ok:
@@ -403,7 +405,7 @@ class DaemonClient:
     # -- control plane --------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
-        answer = self._transport.request(method, path, body)
+        answer = self._control.request(method, path, body)
         self._came_up()
         return answer.raise_for_status(url).json()
 
@@ -415,7 +417,7 @@ class DaemonClient:
             BadRequest: the daemon rejected the plan.
         """
         body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
-        answer = self._through_restarts("POST", f"{_V1}/plans", body, None)
+        answer = self._through_restarts(lambda: self._control.request("POST", f"{_V1}/plans", body), None)
         if answer is None:
             return None
         return str(protocol.PlanResponse.model_validate(answer).plan)
@@ -459,6 +461,7 @@ class DaemonClient:
     def close(self) -> None:
         """Close this thread's connection to the daemon (other threads' close when the threads end)."""
         self._transport.close()
+        self._control.close()
 
     def __enter__(self) -> DaemonClient:
         return self

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from shardcache import protocol
+from shardcache.control import ControlClient
 from shardcache.discovery import discover
 from shardcache.errors import DaemonUnavailable
 from shardcache.jobs import JOB_ENV, script_name
-from shardcache.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Telemetry:
         self.corrupt = 0
         self._sent = (0.0, 0, 0)
         self._sent_at = time.monotonic()
-        self._transport = Transport(self.socket, _REQUEST_TIMEOUT_S)
+        self._control = ControlClient(self.socket, _REQUEST_TIMEOUT_S)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._joined = True  # whether close() sends the last figures itself (else the thread does)
@@ -180,6 +180,7 @@ class Telemetry:
             self.flush()
         if not self._joined:
             self.flush()  # close(wait=False): the last figures go out from here
+            self._control.close()
 
     def report(self) -> protocol.TelemetryReport | None:
         """The figures since the last report (None when nothing happened), marking them as taken."""
@@ -206,7 +207,7 @@ class Telemetry:
         if report is None:
             return True
         try:
-            answer = self._transport.request("POST", TELEMETRY_PATH, report.model_dump())
+            answer = self._control.request("POST", TELEMETRY_PATH, report.model_dump())
         except DaemonUnavailable as exc:
             logger.debug("telemetry for job %s slot %d dropped: %s", self.job, self.slot, exc)
             return False
@@ -231,6 +232,7 @@ class Telemetry:
             thread.join()
         if self._joined:
             self.flush()
+            self._control.close()
 
     def __enter__(self) -> Telemetry:
         return self

@@ -203,16 +203,16 @@ def test_closed_shards_are_released_so_the_cache_can_evict_them(
     daemon_factory, local_shards: ShardSet
 ) -> None:
     sizes = [Path(p).stat().st_size for p in local_shards.local_paths]
-    capacity = str(max(sizes) * 2 + 1)  # room for two shards: every third open must evict a released one
+    capacity = max(sizes) * 2 + 1  # room for two shards: every third open must evict a released one
     daemon = daemon_factory(
-        allow=[str(local_shards.local_dir)], capacity=capacity, extra_args=["--evict-wait-s", "2"]
+        allow=[str(local_shards.local_dir)], capacity=f"{capacity}B", extra_args=["--evict-wait-s", "2"]
     )
     with DaemonClient(daemon.socket, required=True) as client:
         for path in local_shards.local_paths * 2:
             assert read_through(client, path) == Path(path).read_bytes()
         stats = client.stats()
     assert stats.evictions >= len(local_shards.local_paths)
-    assert stats.used <= int(capacity)
+    assert stats.used <= capacity
 
 
 def test_open_shard_is_not_evicted_while_the_reader_holds_it(daemon_factory, local_shards: ShardSet) -> None:
