@@ -3,8 +3,9 @@ matter (plans, stats, listings, prefetch, evict, telemetry, health probes).
 
 The open/release hot path uses the hand-written keep-alive transport (`shardcache.transport`) instead:
 `bench/bench_open_latency.py` measures httpx there at 25-30 times its latency (p50 and p99, 16 processes on
-two cores; docs/benchmarks.md). Everything else goes through httpx, which is well kept and complete (chunked
-bodies, timeouts, connection pooling), so the hand-written code stays as small as the hot path needs.
+two cores; the figures are in `shardcache.transport`'s docstring). Everything else goes through httpx, which
+is well kept and complete (chunked bodies, timeouts, connection pooling), so the hand-written code stays as
+small as the hot path needs.
 """
 
 from __future__ import annotations
