@@ -184,6 +184,18 @@ def elastic_state(fingerprint: str, origin: dict[str, Any]) -> dict[str, Any]:
     return {"version": MERGED_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin}
 
 
+def needs_counts(origin: dict[str, Any] | None) -> bool:
+    """Whether replaying `origin` (and the origins it resumed) needs every unit's sample count: only an
+    epoch cut with even= does; whole units are replayed by position without counting (which would read
+    every shard of the dataset on every rank)."""
+    while origin is not None:
+        partitioning = origin.get("partitioning")
+        if partitioning is not None and partitioning[1] is not None:
+            return True
+        origin = origin.get("origin")
+    return False
+
+
 def remaining_pieces(
     node: SourceNode, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
 ) -> list[Piece]:

@@ -205,12 +205,15 @@ class TorchLoader:
 
     def fingerprint(self) -> str:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
+        return self._fingerprint(self.num_workers)
+
+    def _fingerprint(self, num_workers: int) -> str:
         from shardcache.stages.map import callable_name
 
         collate = None if self.collate_fn is None else callable_name(self.collate_fn)
         parts = [
             self.dataset.fingerprint(),
-            f"workers={self.num_workers} batch={self.batch_size} collate={collate} "
+            f"workers={num_workers} batch={self.batch_size} collate={collate} "
             f"drop_last={bool(self.loader_kwargs.get('drop_last', False))}",
             *(stage.describe() for stage in self.stages),
         ]
@@ -236,7 +239,9 @@ class TorchLoader:
         if is_merged(state):
             if state.get("of") != "torch_loader":
                 raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
-            check_merged(state, self.fingerprint())
+            # An elastic resume may change num_workers: the rest of the loader must be the same.
+            saved = (state.get("states") or [{}])[0]
+            check_merged(state, self._fingerprint(saved.get("num_workers", self.num_workers)))
         else:
             self._check_state(state, self.dataset.resolve_context())
         self._runtime.pending = state

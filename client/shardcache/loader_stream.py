@@ -113,6 +113,9 @@ class WorkerLauncher:
         import torch.utils.data as data
 
         base = self.stream
+        # The base stream's states start workers that have no position yet (an elastic resume hands every
+        # new worker the same start state); a worker's own position, once it has one, wins.
+        states = {**base.states, **states}
         stream = WorkerStream(
             base.dataset, base.batch_size, base.collate_fn, base.drop_last, states, exhausted, base.epoch
         )

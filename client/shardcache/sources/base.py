@@ -172,11 +172,11 @@ class SourceNode(Node):
 
     def plan(self, units: list[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
         """Every slot's pieces in this epoch and round under this reader's layout."""
-        part = self.partitioning
-        counts = unit_counts(self, units) if part.even is not None or self.origin is not None else None
-        if self.origin is not None and round_index == 0:
-            from shardcache.elastic import remaining_pieces
+        from shardcache.elastic import needs_counts, remaining_pieces
 
+        part = self.partitioning
+        counts = unit_counts(self, units) if part.even is not None or needs_counts(self.origin) else None
+        if self.origin is not None and round_index == 0:
             universe = remaining_pieces(self, units, self.origin, counts)
         else:
             universe = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
