@@ -242,7 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything after `demo` is the demo's (argparse's REMAINDER drops a leading `--flag`).
         args = parser.parse_args(argv[:split])
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
-        return run_demo(argv[split:])
+        demo_args = argv[split:]
+        if args.socket and "--socket" not in demo_args:  # `shardcache --socket PATH demo`: the demo's flag
+            demo_args = ["--socket", args.socket, *demo_args]
+        return run_demo(demo_args)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     if args.command == "cache":

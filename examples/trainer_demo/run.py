@@ -2,11 +2,11 @@
 
 Starts moto's S3 server and uploads a generated image-and-label tar dataset (`trainer_demo.data`), starts
 `shardcached` with its cache under `.shardcache/` and a capacity smaller than the dataset (75% unless
-`--capacity` says otherwise), metrics on 127.0.0.1:9464 (or a free port), then runs `--ranks` rank processes
-(`trainer_demo.rank`) with `--workers` TorchLoader workers each for `--epochs` epochs. After each epoch
-the ranks meet the coordinator at a barrier, where it reads the daemon's counters; at the end it prints hit
-ratio, bytes fetched against the dataset size, samples per second and the time spent waiting per epoch, and
-stops everything, also on Ctrl-C.
+`--capacity` says otherwise, or the daemon's sizing rule needs more for a tiny dataset), metrics on
+127.0.0.1:9464 (or a free port), then runs `--ranks` rank processes (`trainer_demo.rank`) with `--workers`
+TorchLoader workers each for `--epochs` epochs. After each epoch the ranks meet the coordinator at a barrier,
+where it reads the daemon's counters; at the end it prints hit ratio, bytes fetched against the dataset size,
+samples per second and the time spent waiting per epoch, and stops everything, also on Ctrl-C.
 
 Against your own data: `--shards 's3://bucket/train/shard_{000000..000099}.tar' --no-local-s3` (credentials
 and endpoint from the usual AWS environment), and `--socket PATH` to use a daemon that is already running.
@@ -71,8 +71,16 @@ def _allow_prefixes(urls: Sequence[str]) -> list[str]:
     return sorted({url.rsplit("/", 1)[0] + "/" for url in urls})
 
 
-def _default_capacity(dataset: DemoDataset) -> str:
-    return str(max(1, dataset.total_bytes * 3 // 4))
+PREFETCH_DEPTH = 2  # the daemon's default --prefetch-depth
+
+
+def _default_capacity(dataset: DemoDataset, args: argparse.Namespace) -> str:
+    """3/4 of the dataset, so the demo shows eviction, but not below the daemon's sizing rule (readers x
+    largest shard x (prefetch depth + 1), docs/deploy.md): a smaller cache refuses shards that do not fit
+    and the ranks read them directly, which tiny datasets would otherwise show instead of the cache."""
+    readers = args.ranks * (max(1, args.workers) + 1)  # training workers, and each rank's validation reader
+    shard = dataset.total_bytes // max(1, len(dataset.urls))
+    return str(max(1, dataset.total_bytes * 3 // 4, readers * shard * (PREFETCH_DEPTH + 1)))
 
 
 class _Coordinator:
@@ -189,7 +197,7 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
             socket, metrics_url = args.socket, args.metrics_url
         else:
             port = metrics_port(args.metrics_port)
-            capacity = args.capacity or _default_capacity(data)
+            capacity = args.capacity or _default_capacity(data, args)
             shown = human_bytes(int(capacity)) if capacity.isdigit() else capacity
             print(
                 f"starting shardcached: cache {cache_dir}/shards, capacity {shown} for a dataset of "

@@ -176,3 +176,10 @@ def test_demo_outside_a_clone_says_how_to_run_it_in_one_line(
     assert cli.main(["demo", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "make demo" in err
+
+
+def test_a_socket_given_before_demo_is_the_demos_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    given: list[list[str]] = []
+    monkeypatch.setattr(cli, "run_demo", lambda args: given.append(list(args)) or 0)
+    assert cli.main(["--socket", "/run/x.sock", "demo", "--epochs", "1"]) == 0
+    assert given == [["--socket", "/run/x.sock", "--epochs", "1"]]
