@@ -166,7 +166,12 @@ def count_shard_samples(url: str, data: bytes) -> int | None:
     if url.endswith(".parquet"):
         import io
 
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ConfigError(
+                f"{url}: counting parquet rows needs pyarrow: pip install 'shardcache[parquet]'"
+            ) from exc
 
         return int(pq.ParquetFile(io.BytesIO(data)).metadata.num_rows)
     return None

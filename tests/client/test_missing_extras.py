@@ -93,6 +93,14 @@ def test_a_tabular_source_without_its_package_names_its_extra(
     one_line_naming(run_without([blocked], code, tmp_path), extra)
 
 
+def test_manifest_of_parquet_shards_without_pyarrow_names_the_parquet_extra(tmp_path: Path) -> None:
+    (tmp_path / "data.parquet").write_bytes(b"PAR1")
+    shard, output = str(tmp_path / "data.parquet"), str(tmp_path / "m.jsonl")
+    result = run_without(["pyarrow"], "", tmp_path, "-m", "shardcache.cli", "manifest", shard, "-o", output)
+    one_line_naming(result, "parquet")
+    assert result.stderr.strip().count("\n") == 0
+
+
 def test_cache_without_pyarrow_names_the_lance_extra(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b'{"x": 1}\n'))
     code = f"""
