@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache.daemon_client import DaemonClient
-from shardcache.errors import RemoteNotFound, ShardcacheError
+from shardcache.errors import DaemonUnavailable, RemoteNotFound, ShardcacheError
 from shardcache.formatting import human_bytes
 from trainer_demo.data import DemoDataset, describe_user_shards, upload
 from trainer_demo.rank import EpochReport, RankConfig, run_rank
@@ -299,6 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; ranks, daemon and S3 endpoint stopped", file=sys.stderr)
         return 130
+    except DaemonUnavailable as exc:
+        print(
+            f"shardcache demo failed: no shardcached daemon answers on {exc.socket}; start it, or leave out "
+            "--socket and the demo starts its own",
+            file=sys.stderr,
+        )
+        return 1
     except (ShardcacheError, RuntimeError, TimeoutError, threading.BrokenBarrierError) as exc:
         print(f"shardcache demo failed: {exc}", file=sys.stderr)
         return 1
