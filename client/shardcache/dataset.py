@@ -445,11 +445,11 @@ class Dataset:
 
         return sample_dataset(self, fraction, seed)
 
-    def filter(self, predicate: str | Sequence[str]) -> Dataset:
+    def filter(self, predicate: str | Sequence[str], *, index: Mapping[str, Any] | None = None) -> Dataset:
         """Lance rows matching a SQL predicate, or any of a list of them (`shardcache.subsets`)."""
         from shardcache.subsets import filter_dataset
 
-        return filter_dataset(self, predicate)
+        return filter_dataset(self, predicate, index)
 
     def consume(self, factory: Callable[[RuntimeContext], Any]) -> Any:
         """Push every output into `factory(context)` and return its `finish()` (`shardcache.consume`)."""

@@ -374,9 +374,17 @@ class TorchLoader:
         max_transfer_per_round: int = 8,
         topology: str = "node",
         process_group: Any = None,
+        device_process_group: Any = None,
     ) -> TorchLoader:
         """The same number of items on every data-parallel rank, resumable (`shardcache.stages.balance`)."""
         stage = builders.balance_stage(
-            drop_last, dummy_factory, buffer_size, chunk_size, max_transfer_per_round, topology, process_group
+            drop_last,
+            dummy_factory,
+            buffer_size,
+            chunk_size,
+            max_transfer_per_round,
+            topology,
+            process_group,
+            device_process_group,
         )
         return self._add(stage)

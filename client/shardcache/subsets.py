@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -225,9 +225,17 @@ def sample_dataset(dataset: Dataset, fraction: Any, seed: Any = 0) -> Dataset:
     return _derive(dataset, sample_step(fraction, seed), f"sample({fraction!r}, seed={seed!r})")
 
 
-def filter_dataset(dataset: Dataset, predicate: str | Sequence[str]) -> Dataset:
-    """`Dataset.filter`: keep the lance rows matching a predicate (a list: matching any of them)."""
+def filter_dataset(
+    dataset: Dataset, predicate: str | Sequence[str], index: Mapping[str, Any] | None = None
+) -> Dataset:
+    """`Dataset.filter`: keep the lance rows matching a predicate (a list: matching any of them).
+
+    `index` is accepted for mvp-dataset compatibility: None or an empty mapping (it has no options).
+    """
     from shardcache.dataset import Dataset
+
+    if index is not None and (not isinstance(index, Mapping) or index):
+        raise ConfigError(f"filter(index={index!r}): no index options are supported; leave it None")
 
     alternatives = (predicate,) if isinstance(predicate, str) else tuple(predicate)
     if not alternatives or not all(isinstance(p, str) and p.strip() for p in alternatives):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
@@ -19,12 +20,25 @@ class Fanout:
     def __init__(self, context: RuntimeContext) -> None:
         pass
 
-    def push(self, sample: dict[str, Any]) -> Iterator[str]:
+    def push(self, sample: dict[str, Any]) -> Iterator[Any]:
         for copy in range(sample["n"]):
             yield f"{sample['__key__']}#{copy}"
 
-    def finish(self, *, drop_last: bool = False) -> Iterator[str]:
+    def finish(self, *, drop_last: bool = False) -> Iterator[Any]:
         return iter(())
+
+
+class TensorFanout(Fanout):
+    """The same items as dicts holding a tensor (its line number and copy), as packed batches are."""
+
+    def push(self, sample: dict[str, Any]) -> Iterator[Any]:
+        line = int(str(sample["__key__"]).rsplit(":", 1)[1])
+        for copy in range(sample["n"]):
+            yield {"ids": torch.tensor([line, copy])}
+
+
+def show(item: Any) -> Any:
+    return item["ids"].tolist() if isinstance(item, dict) else item
 
 
 def dummy(context: RuntimeContext) -> str:
@@ -37,7 +51,8 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"file://{args['init']}", rank=rank, world_size=world)
     try:
         context = RuntimeContext(rank=rank, world_size=world)
-        ds = Dataset.from_source("jsonl", args["data"], daemon=None, context=context).assemble(Fanout)
+        fanout = TensorFanout if args.get("tensor") else Fanout
+        ds = Dataset.from_source("jsonl", args["data"], daemon=None, context=context).assemble(fanout)
         drop_last = args["drop_last"]
         loader = TorchLoader(ds, num_workers=0).balance(
             drop_last=drop_last,
@@ -51,10 +66,10 @@ def main() -> None:
             loader.load_state_dict(json.loads(Path(args["state"]).read_text())[str(rank)])
         it = iter(loader)
         if args.get("stop") is not None:
-            out["items"] = [next(it) for _ in range(args["stop"])]
+            out["items"] = [show(next(it)) for _ in range(args["stop"])]
             out["state"] = loader.state_dict()
         else:
-            out["items"] = list(it)
+            out["items"] = [show(item) for item in it]
         Path(args["out"], f"rank_{rank}.json").write_text(json.dumps(out))
         dist.barrier()
     finally:

@@ -165,3 +165,11 @@ def test_balance_resumes_exactly_under_torch_distributed(tmp_path: Path, drop_la
     tail = run_ranks(tmp_path, "tail", 2, state=str(states), **common)
     for r in range(2):
         assert head[r]["items"] + tail[r]["items"] == full[r]
+
+
+def test_tensor_items_move_between_ranks(tmp_path: Path) -> None:
+    data = write_data(tmp_path / "d.jsonl", [3, 1])
+    ranks = run_ranks(tmp_path, "tensor", 2, data=data, drop_last=True, chunk=2, tensor=True)
+    items = [r["items"] for r in ranks]
+    assert [len(i) for i in items] == [2, 2]
+    assert len({tuple(i) for i in items[0] + items[1]}) == 4

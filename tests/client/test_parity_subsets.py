@@ -210,6 +210,12 @@ def test_filter_after_a_deletion_reads_the_right_rows(tmp_path: Path) -> None:
     assert ids(ds) == [0, 1, 2, 4, 5]
 
 
+def test_filter_takes_mvps_empty_index_argument(files: Files) -> None:
+    assert ids(source(files, "lance").filter("id < 2", index={})) == [0, 1]
+    with pytest.raises(ConfigError, match="no index options are supported"):
+        source(files, "lance").filter("id < 2", index={"cache": True})
+
+
 def test_filter_on_other_sources_is_refused(files: Files) -> None:
     with pytest.raises(ConfigError, match="only the lance source filters rows"):
         source(files, "parquet").filter("id > 1")

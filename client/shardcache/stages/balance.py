@@ -5,10 +5,13 @@ works chunk by chunk: every rank fills a local buffer from upstream (at least `b
 its upstream has ended), the ranks exchange their counts (one `all_gather_object`), and each computes the
 same plan (`plan_chunk`): up to `chunk_size` steps in which every rank yields one item, its own when it has
 one, else one sent by the rank with the most left (preferring its own node under topology="node"; at most
-`max_transfer_per_round` sent by one rank per chunk). Items move point to point (`send_object_list`, in the
-plan's order, so no two ranks wait on each other). At the end, when fewer items are left than ranks,
-`drop_last=True` drops them on every rank at once; `drop_last=False` yields the rest and gives the ranks
-without an item `dummy_factory(context)` (a batch the training step masks out).
+`max_transfer_per_round` sent by one rank per chunk). Items move point to point (`send_object_list` over
+`process_group`, in the plan's order, so no two ranks wait on each other). Tensors on an accelerator travel
+through host memory and are restored on the receiving rank's current device of the same type (CUDA device
+indices are not kept); `device_process_group` is accepted for mvp-dataset compatibility and not used.
+At the end, when fewer items are left than ranks, `drop_last=True` drops them on every rank at once;
+`drop_last=False` yields the rest and gives the ranks without an item `dummy_factory(context)` (a batch
+the training step masks out).
 
 Without torch.distributed initialised, or with one rank, the stage passes items through.
 
@@ -22,6 +25,7 @@ data-parallel checkpoint does; a rank resuming another chunk than the others rai
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -137,6 +141,7 @@ class BalanceStage:
     max_transfer_per_round: int = 8
     topology: Topology = "node"
     process_group: Any = None
+    device_process_group: Any = None
     kind: ClassVar[str] = "balance"
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
@@ -160,6 +165,40 @@ def _dist() -> Any:
     if not dist.is_available() or not dist.is_initialized():
         return None
     return dist
+
+
+@dataclass(frozen=True)
+class _OnDevice:
+    """A tensor moved to host memory for a transfer, and the device type it came from."""
+
+    tensor: Any
+    device_type: str
+
+
+def _to_host(item: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(item, torch.Tensor) and item.device.type != "cpu":
+        return _OnDevice(item.cpu(), item.device.type)
+    if isinstance(item, dict):
+        return {k: _to_host(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)) and type(item) in (list, tuple):
+        return type(item)(_to_host(v) for v in item)
+    return item
+
+
+def _from_host(item: Any) -> Any:
+    if isinstance(item, _OnDevice):
+        import torch
+
+        kind = item.device_type
+        module = getattr(torch, kind, None)
+        index = module.current_device() if module is not None and hasattr(module, "current_device") else None
+        return item.tensor.to(torch.device(kind, index) if index is not None else torch.device(kind))
+    if isinstance(item, dict):
+        return {k: _from_host(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)) and type(item) in (list, tuple):
+        return type(item)(_from_host(v) for v in item)
+    return item
 
 
 class BalanceNode(Node):
@@ -245,12 +284,12 @@ class BalanceNode(Node):
         global_rank = dist.get_global_rank if group is not None else (lambda _g, r: r)
         for transfer in plan.transfers:
             if transfer.src == rank:
-                payload = [[self._pop() for _ in range(transfer.count)]]
+                payload = [[_to_host(self._pop()) for _ in range(transfer.count)]]
                 dist.send_object_list(payload, dst=global_rank(group, transfer.dst), group=group)
             elif transfer.dst == rank:
                 box: list[Any] = [None]
                 dist.recv_object_list(box, src=global_rank(group, transfer.src), group=group)
-                output.extend(box[0])
+                output.extend(_from_host(item) for item in box[0])
         if plan.dummies[rank]:
             if spec.dummy_factory is None:  # pragma: no cover - refused when the stage is built
                 raise ConfigError("balance(drop_last=False) needs dummy_factory")

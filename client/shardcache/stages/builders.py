@@ -79,6 +79,7 @@ def balance_stage(
     max_transfer_per_round: int = 8,
     topology: str = "node",
     process_group: Any = None,
+    device_process_group: Any = None,
 ) -> BalanceStage:
     if not drop_last and dummy_factory is None:
         raise ConfigError(
@@ -104,4 +105,5 @@ def balance_stage(
         max_transfer_per_round,
         "node" if topology == "node" else "none",
         process_group,
+        device_process_group,
     )
