@@ -13,8 +13,7 @@ ShardcacheError
 ├── ShardError                           a shard cannot be read
 │   └── CorruptShardError                truncated or malformed shard (names the shard and member)
 ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
-├── StateError (also ValueError)         a resume state does not fit this pipeline
-│   └── ResumeStateError                 the same (mvp-dataset's name), raised where a state is refused
+├── StateError (also ValueError)         a resume state does not fit this pipeline (alias: ResumeStateError)
 └── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
 """
 
@@ -118,11 +117,8 @@ class StateError(ShardcacheError, ValueError):
     """A resume state does not fit this pipeline."""
 
 
-class ResumeStateError(StateError):
-    """A resume state does not fit this pipeline (mvp-dataset's name for `StateError`).
-
-    `except StateError` catches it too.
-    """
+ResumeStateError = StateError
+"""mvp-dataset's name for `StateError`: `except ResumeStateError` catches every refused resume state."""
 
 
 class UnsupportedResume(ShardcacheError, RuntimeError):

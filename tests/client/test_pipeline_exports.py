@@ -28,8 +28,8 @@ def test_public_names_are_exported() -> None:
         assert hasattr(shardcache, name), name
 
 
-def test_resume_state_error_is_a_state_error() -> None:
-    assert issubclass(shardcache.ResumeStateError, shardcache.StateError)
+def test_resume_state_error_is_state_error() -> None:
+    assert shardcache.ResumeStateError is shardcache.StateError
     assert issubclass(shardcache.UnsupportedResume, shardcache.ShardcacheError)
 
 
