@@ -207,6 +207,11 @@ def remaining_pieces(
     universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
     layout = Layout(**origin["layout"])
     placement, even, exchange = origin["partitioning"]
+    if node.spec.options.get("node_owners") and layout.groups > 1:
+        raise UnsupportedResume(
+            "an elastic resume inside a mini-epoch chunk is not supported: resume the chunk on the same "
+            "topology, or resume on the new topology at the next chunk boundary (start the next chunk)"
+        )
     if node.spec.kind == "jsonl" and placement == "global" and even is None:
         raise UnsupportedResume(
             "an elastic resume of a jsonl source read with placement='global' and even=None (each file "
