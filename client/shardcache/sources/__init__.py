@@ -54,7 +54,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
     import importlib
 
-    partition = PARTITION_OPTIONS if kind != "lance" else ()
+    partition = PARTITION_OPTIONS if kind != "lance" else ("even",)  # lance cuts rows itself
     accepted = (*_KINDS[kind][2], *partition, *SUBSET_OPTIONS, *PLAN_OPTIONS)
     for name in options:
         if name not in accepted:

@@ -26,7 +26,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
-from shardcache.sources.partition import permutation
+from shardcache.sources.partition import permutation, resolve
 from shardcache.sources.schedule import slot_order
 from shardcache.subsets import select
 
@@ -159,6 +159,7 @@ class LanceChunk(Unit):
     dataset: int = 0
     rows: tuple[int, ...] | None = None
     fragment: int | None = None
+    real: int | None = None  # under even="pad": rows before the first repeated one (None: all real)
 
 
 class LanceSource(SourceNode):
@@ -196,12 +197,22 @@ class LanceSource(SourceNode):
             self.mode = "global"
         return self._chunks
 
+    @property
+    def even(self) -> str | None:
+        """`even=` resolved for this reader (rows are cut here, not by `shardcache.sources.partition`)."""
+        if self.spec.resample:
+            return None
+        return resolve(dict(self.spec.options), self.ctx, self.facts.distributed()).even
+
     def order(self, units: list[Unit], round_index: int) -> list[int]:
         units.clear()
         batch = int(self.spec.options.get("batch_size", 65536))
         refs = self.spec.shards
         total, slot = self.ctx.total_slots, self.ctx.slot
-        if self.mode == "random_scan":
+        even = self.even
+        if even is not None:
+            self._even_rows(units, even, batch)
+        elif self.mode == "random_scan":
             for f in slot_order(len(self._fragments), self.ctx, self.epoch, round_index):
                 d, frag = self._fragments[f]
                 units.append(LanceChunk(refs[d], dataset=d, fragment=frag))
@@ -237,7 +248,39 @@ class LanceSource(SourceNode):
                 start += size
         return list(range(len(units)))
 
+    def _even_rows(self, units: list[Unit], even: str, batch: int) -> None:
+        """This slot's rows when every rank must get the same number (see partition's module docstring):
+        P rows per rank (n // ranks under "drop", ceil(n / ranks) under "pad", repeated rows marked), cut
+        into the same per-worker split on every rank, from the row order of the shuffle mode."""
+        space = self._space
+        n = sum(self._sizes) if space is None else len(space)
+        if self.mode == "none":
+            sequence: Any = range(n)
+        else:  # "global", and "random_scan", whose fragment-sized units cannot be cut evenly
+            sequence = permutation(n, self.ctx.seed, self.epoch)
+        ranks, workers = self.ctx.dp_size, self.ctx.num_workers
+        per_rank = n // ranks if even == "drop" else -(-n // ranks)
+        rank, worker = self.ctx.dp_rank, self.ctx.worker_id
+        first = rank * per_rank + worker * per_rank // workers
+        last = rank * per_rank + (worker + 1) * per_rank // workers
+        for i in range(first, last, batch):
+            picked = [sequence[j % n] for j in range(i, min(last, i + batch))] if n else []
+            rows = tuple(int(space[r]) for r in picked) if space is not None else tuple(picked)
+            # Positions past n wrap around to the start: those rows are repeats, marked in read().
+            real = None if i + len(rows) <= n else max(0, n - i)
+            units.append(LanceChunk(self.spec.shards[0], rows=rows, count=len(rows), offset=-1, real=real))
+
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+        if self.even == "pad":
+            assert isinstance(unit, LanceChunk)
+            real = unit.count or 0 if unit.real is None else unit.real
+            for i, row in enumerate(self._read(unit, start), start):
+                row["__pad__"] = i >= real
+                yield row
+            return
+        yield from self._read(unit, start)
+
+    def _read(self, unit: Unit, start: int) -> Iterator[dict[str, Any]]:
         # decode_batch is to_pylist() on ordinary data and decodes `.cache()` datasets' tagged columns;
         # imported here because it needs pyarrow, which `import shardcache` must not.
         from shardcache.cache.codec import decode_batch
