@@ -7,12 +7,13 @@ baseline), one planner and one simulated cache per node, so any number of nodes 
 
 Per node: `ranks` data-parallel ranks x `workers` DataLoader workers = slots. When an epoch starts, every slot
 registers its plans for that epoch and the next one and deletes the finished one (the client's PlanTracker);
-then the node's slots open their shards round-robin by position (slot 0's first shard, slot 1's first, ...,
-slot 0's second, ...; consecutive pieces of one shard are one open, as in the client's plans), one open per
-clock tick, and every epoch ends before the next starts (DDP steps in lockstep). A miss fetches the whole
-shard and evicts what the planner chooses until it fits (demand opens only: no prefetch, which only moves
-fetches earlier). The cache holds `capacity` x a node's share of the dataset in bytes. Egress is the bytes
-all nodes fetched over all epochs, divided by the dataset's size.
+then the node's slots read one sample per clock tick each, all at the same pace, so their opens interleave
+round-robin by sample position: a slot opens a shard when it has read the samples before it (slots opening
+at the same tick go in slot order; consecutive pieces of one shard are one open, as in the client's plans).
+Every epoch ends before the next starts (DDP steps in lockstep). A miss fetches the whole shard and evicts
+what the planner chooses until it fits (demand opens only: no prefetch, which only moves fetches earlier).
+The cache holds `capacity` x a node's share of the dataset in bytes. Egress is the bytes all nodes fetched
+over all epochs, divided by the dataset's size.
 
 Shuffle quality (one seed, the same layout) compares placements on what an ML engineer can check:
   stratum CV: how evenly one global batch (one step of every rank) draws from the canonical node partitions
@@ -96,59 +97,81 @@ def epoch_plans(
     ]
 
 
-def node_orders(plans: list[list[list[Piece]]], cluster: Cluster, node: int) -> list[list[list[int]]]:
-    """orders[epoch][local slot]: the shards a node's slots open, consecutive pieces of a shard merged."""
+Orders = list[list[list[tuple[int, int]]]]  # [epoch][local slot] -> (shard, samples read from it) per open
+
+
+def node_orders(plans: list[list[list[Piece]]], cluster: Cluster, node: int) -> Orders:
+    """What a node's slots open in every epoch: consecutive pieces of one shard are one open."""
     first = node * cluster.slots_per_node  # slots are group-major: a node's ranks are contiguous
     out = []
     for per_slot in plans:
         epoch = []
         for pieces in per_slot[first : first + cluster.slots_per_node]:
-            units: list[int] = []
+            opens: list[tuple[int, int]] = []
             for piece in pieces:
-                if not units or units[-1] != piece.unit:
-                    units.append(piece.unit)
-            epoch.append(units)
+                if opens and opens[-1][0] == piece.unit:
+                    opens[-1] = (piece.unit, opens[-1][1] + piece.size)
+                else:
+                    opens.append((piece.unit, piece.size))
+            epoch.append(opens)
         out.append(epoch)
     return out
 
 
-def node_fetched(orders: list[list[list[int]]], sizes: Sequence[int], capacity: int, policy: str) -> int:
+def node_trace(per_slot: list[list[tuple[int, int]]]) -> list[tuple[float, int, int]]:
+    """One epoch's opens of a node as (time, slot, shard), in time order.
+
+    Every slot reads one sample per tick, so a slot opens a shard once it has read the samples before it in
+    the epoch, at phase slot / slots within the tick: slots that reach a shard in the same tick open it in
+    slot order (round-robin by sample position), and no two opens share a time.
+    """
+    events = []
+    for slot, opens in enumerate(per_slot):
+        clock = slot / len(per_slot)
+        for unit, samples in opens:
+            events.append((clock, slot, unit))
+            clock += samples
+    events.sort()
+    return events
+
+
+def node_fetched(orders: Orders, sizes: Sequence[int], capacity: int, policy: str) -> int:
     """Bytes one node's cache fetches over the epochs (the last epoch is only announced, never read)."""
     tick = [0.0]
     planner = Planner(policy=policy, prefetch_depth=0, stale_after_s=1e18, clock=lambda: tick[0])
-    urls = {u: f"s3://bucket/{u:07d}.tar" for epoch in orders for slot in epoch for u in slot}
+    urls = {u: f"s3://bucket/{u:07d}.tar" for epoch in orders for slot in epoch for u, _ in slot}
     size_of = {url: sizes[u] for u, url in urls.items()}
     plan_ids: dict[tuple[int, int], str] = {}
     resident: dict[str, None] = {}
     used = fetched = 0
+    start = 0.0
     for epoch in range(len(orders) - 1):
         for slot in range(len(orders[epoch])):  # PlanTracker.start: this epoch and the next, drop the last
             for e in (epoch, epoch + 1):
                 if (slot, e) not in plan_ids:
-                    plan_ids[slot, e] = planner.add_plan("job", slot, e, [urls[u] for u in orders[e][slot]])
+                    plan_ids[slot, e] = planner.add_plan(
+                        "job", slot, e, [urls[u] for u, _ in orders[e][slot]]
+                    )
             old = plan_ids.pop((slot, epoch - 1), None)
             if old is not None:
                 planner.delete_plan(old)
-        per_slot = orders[epoch]
-        for position in range(max(map(len, per_slot), default=0)):
-            for slot, units in enumerate(per_slot):
-                if position >= len(units):
-                    continue
-                tick[0] += 1.0
-                url = urls[units[position]]
-                planner.record_open(url, plan_ids[slot, epoch])
-                if url in resident:
-                    continue
-                size = size_of[url]
-                fetched += size
-                while resident and used + size > capacity:
-                    victim = planner.choose_victim(list(resident), None)
-                    assert victim is not None
-                    del resident[victim]
-                    planner.forget(victim)
-                    used -= size_of[victim]
-                resident[url] = None
-                used += size
+        for clock, slot, unit in node_trace(orders[epoch]):
+            tick[0] = start + clock
+            url = urls[unit]
+            planner.record_open(url, plan_ids[slot, epoch])
+            if url in resident:
+                continue
+            size = size_of[url]
+            fetched += size
+            while resident and used + size > capacity:
+                victim = planner.choose_victim(list(resident), None)
+                assert victim is not None
+                del resident[victim]
+                planner.forget(victim)
+                used -= size_of[victim]
+            resident[url] = None
+            used += size
+        start += max((sum(n for _, n in opens) for opens in orders[epoch]), default=0) + 1
     return fetched
 
 
@@ -203,8 +226,8 @@ def reused_share(cluster: Cluster, partitioning: Partitioning) -> float:
     orders = [node_orders(plans, cluster, node) for node in range(cluster.nodes)]
     reused = total = 0
     for per_epoch in orders:
-        before = {u for slot in per_epoch[0] for u in slot}
-        now = {u for slot in per_epoch[1] for u in slot}
+        before = {u for slot in per_epoch[0] for u, _ in slot}
+        now = {u for slot in per_epoch[1] for u, _ in slot}
         reused += len(now & before)
         total += len(now)
     return reused / total

@@ -31,25 +31,23 @@ cluster_sim = _load("bench_cluster")
 belady_sim = _load("belady_sim")
 
 
-def _round_robin_trace(orders: list[list[list[int]]]) -> list[object]:
+def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[object]:
     trace = []
     for epoch, per_slot in enumerate(orders[:-1]):  # the last epoch is only announced
-        for position in range(max(map(len, per_slot))):
-            for slot, units in enumerate(per_slot):
-                if position < len(units):
-                    trace.append(belady_sim.Access(slot, epoch, f"s3://bucket/{units[position]:07d}.tar"))
+        for _, slot, unit in cluster_sim.node_trace(per_slot):
+            trace.append(belady_sim.Access(slot, epoch, f"s3://bucket/{unit:07d}.tar"))
     return trace
 
 
 @pytest.mark.parametrize("capacity", [3, 6, 9, 12])
 def test_node_caches_fetch_as_often_as_the_offline_simulators(capacity: int) -> None:
     cluster = cluster_sim.Cluster(nodes=4, ranks=2, workers=2, units_per_node=12)
-    counts, _ = cluster.dataset()
+    counts = [100] * cluster.nodes * cluster.units_per_node  # equal shards: fetches count bytes
     plans = cluster_sim.epoch_plans(cluster, counts, cluster_sim.Partitioning("node"), 4)
     sizes = [1] * len(counts)
     for node in range(cluster.nodes):
         orders = cluster_sim.node_orders(plans, cluster, node)
-        trace = _round_robin_trace(orders)
+        trace = _trace(orders)
         belady = cluster_sim.node_fetched(orders, sizes, capacity, "belady")
         lru = cluster_sim.node_fetched(orders, sizes, capacity, "lru")
         assert belady == belady_sim.min_fetches(trace, capacity, lookahead_epochs=1)
