@@ -127,3 +127,23 @@ def test_no_sources_is_refused() -> None:
 def test_stages_chain_after_a_mixed_source(files: Files) -> None:
     batches = list(mixed(files, "concat").batch(4))
     assert [len(b) for b in batches] == [4, 2]
+
+
+def keep(item: Any) -> Any:
+    return item
+
+
+def test_a_mixed_source_through_torch_loader_workers_reads_each_sample_once(files: Files) -> None:
+    pytest.importorskip("torch.utils.data")
+    from pipeline_support import worker_context
+
+    from shardcache import TorchLoader
+
+    loader = TorchLoader(
+        mixed(files, "round_robin", context=None),
+        num_workers=2,
+        collate_fn=keep,
+        multiprocessing_context=worker_context(),
+    )
+    seen = [s["id"] for s in loader]
+    assert sorted(seen) == sorted(i for i, _ in ORDERS["concat"])
