@@ -3,12 +3,19 @@
 Everything here is blocking and runs in worker threads: fsspec's sync API is simplest to bound that way.
 A download streams the remote object into a temp file with `get_file` (small chunks, so memory does not
 grow with shard size), then checks size and checksum. Transient errors are retried with exponential
-backoff and full jitter; missing objects and refusals are reported at once. A failed or cancelled
-download removes its temp file.
+backoff and full jitter; missing objects and refusals are reported at once. A failed download removes
+its temp file.
+
+Resuming: on remotes that serve byte ranges (`RESUMABLE`: S3, GCS, local files) a download cancelled by
+a graceful shutdown keeps what it received, fsynced, as the store's partial file; the next download of the
+same remote version (the partial's name holds it) continues from there with ranged reads, then checks the
+remote version again, the full size and the checksum before the shard is published. A transient error in
+the middle of a download resumes the same way. Other remotes (http) always start over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
     import aiohttp  # imported when an http(s) filesystem is first built: it is slow to import
 
 logger = logging.getLogger(__name__)
+
+RESUMABLE = ("s3", "s3a", "gs", "gcs", "file")  # protocols whose reads take byte ranges
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
@@ -222,6 +231,10 @@ class Fetcher:
 
         return self._with_retries(url, attempt, cancel or threading.Event())
 
+    def resumable(self, url: str) -> bool:
+        """Whether a download of `url` can continue from a partial file (the remote serves ranges)."""
+        return is_local(url) or url.split("://", 1)[0] in RESUMABLE
+
     def download(
         self,
         url: str,
@@ -230,16 +243,63 @@ class Fetcher:
         checksum: str | None,
         cancel: threading.Event,
         progress: Callable[[int], None],
+        *,
+        version: str | None = None,
+        resume_from: Path | None = None,
+        keep_partial: Path | None = None,
     ) -> None:
-        """Write the object's `size` bytes to `dest` and fsync it; `dest` is removed on any failure."""
+        """Write the object's `size` bytes to `dest` and fsync it.
+
+        `resume_from`: a partial file of the same remote `version` to continue (moved to `dest`); the
+        remote's version is checked again once the bytes are in. `keep_partial`: where a download cancelled
+        by shutdown keeps its bytes; on any other failure `dest` is removed.
+        """
         algo_digest = parse_checksum(checksum) if checksum else None
+        resumed = 0
+        if resume_from is not None and self.resumable(url):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(resume_from, dest)
+                resumed = dest.stat().st_size
+                if resumed > size:
+                    os.truncate(dest, 0)
+                    resumed = 0
+                logger.info("resuming %s at byte %d of %d", url, resumed, size)
+        elif resume_from is not None:
+            resume_from.unlink(missing_ok=True)
         try:
             self._with_retries(
                 url, lambda: self._copy(url, dest, size, algo_digest, cancel, progress), cancel
             )
+            if resumed and version is not None and self.info(url, cancel).version != version:
+                raise IntegrityError(
+                    f"{url} changed on the remote while its interrupted download was resumed; open it again "
+                    f"to fetch the new version",
+                    code="remote_changed",
+                )
+        except Cancelled:
+            if not self._keep(url, dest, keep_partial):
+                dest.unlink(missing_ok=True)
+            raise
         except BaseException:
             dest.unlink(missing_ok=True)
             raise
+
+    def _keep(self, url: str, dest: Path, keep_partial: Path | None) -> bool:
+        """Keep a cancelled download's bytes as `keep_partial` when they can be resumed; whether kept."""
+        if keep_partial is None or not self.resumable(url):
+            return False
+        try:
+            received = dest.stat().st_size
+            if received == 0:
+                return False
+            with open(dest, "rb+") as out:
+                os.fsync(out.fileno())
+            os.replace(dest, keep_partial)
+        except OSError as exc:
+            logger.warning("could not keep the partial download of %s: %s", url, exc)
+            return False
+        logger.info("keeping %d bytes of %s in %s to resume after the restart", received, url, keep_partial)
+        return True
 
     def _copy(
         self,
@@ -252,6 +312,42 @@ class Fetcher:
     ) -> None:
         fs, path = self._fs(url)
         watch = _Watch(url, size, cancel, progress)
+        offset = dest.stat().st_size if self.resumable(url) and dest.exists() else 0
+        if 0 < offset <= size:
+            self._copy_from(fs, path, dest, offset, size, watch)
+        else:
+            self._get_file(fs, url, path, dest, watch, size, progress)
+        self._check(url, dest, size, algo_digest)
+
+    def _copy_from(
+        self, fs: fsspec.AbstractFileSystem, path: str, dest: Path, offset: int, size: int, watch: _Watch
+    ) -> None:
+        """Append the remote's bytes from `offset` to `dest`, with ranged reads of `chunk_bytes`."""
+        watch.seen = offset  # the size limit counts the bytes already there
+        if offset == size:
+            return
+        with (
+            fs.open(path, "rb", block_size=self.chunk_bytes, cache_type="none") as src,
+            open(dest, "r+b") as out,
+        ):
+            src.seek(offset)
+            out.seek(offset)
+            out.truncate()
+            while chunk := src.read(min(self.chunk_bytes, size - offset + 1)):
+                out.write(chunk)
+                offset += len(chunk)
+                watch.relative_update(len(chunk))
+
+    def _get_file(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        url: str,
+        path: str,
+        dest: Path,
+        watch: _Watch,
+        size: int,
+        progress: Callable[[int], None],
+    ) -> None:
         # get_file streams one GET into the file in small chunks (s3fs: 64 KiB, resuming with Range on a
         # broken read), so memory stays flat; one sequential GET also beats many ranged GETs on S3 servers.
         options: dict[str, Any] = {"max_concurrency": 1} if url.startswith(("s3://", "s3a://")) else {}
@@ -260,6 +356,9 @@ class Fetcher:
         fs.get_file(path, str(dest), callback=watch, **options)
         if watch.seen == 0 and size > 0:
             progress(size)  # local copies do not report progress
+
+    def _check(self, url: str, dest: Path, size: int, algo_digest: tuple[str, str] | None) -> None:
+        """Size and checksum of the complete file, then fsync: nothing unchecked is ever published."""
         got = dest.stat().st_size
         if got != size:
             raise IntegrityError(

@@ -9,6 +9,7 @@ against an open's checksum `verify.ChecksumCheck`'s, streamed reads `streams.py`
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -274,7 +275,13 @@ class ShardService:
             return revived
         if current is not None:
             self.space.evict(url, "stale")
-        await self.space.make_room(info.size, url, demand=demand, warm=warm)
+        # A download a restart cut left its bytes; claimed first so that making room does not drop them.
+        partial = self.store.claim_partial(key)
+        try:
+            await self.space.make_room(info.size, url, demand=demand, warm=warm)
+        except BaseException:
+            self.store.keep_partial(key)
+            raise
         entry = Entry(
             key=key,
             url=url,
@@ -289,9 +296,23 @@ class ShardService:
         started = time.perf_counter()
         try:
             await self._blocking(
-                self.fetcher.download, url, tmp, info.size, checksum, self._cancel, self._count_fetched
+                functools.partial(
+                    self.fetcher.download,
+                    version=info.version,
+                    resume_from=partial,
+                    keep_partial=self.store.partial_path(key),
+                ),
+                url,
+                tmp,
+                info.size,
+                checksum,
+                self._cancel,
+                self._count_fetched,
             )
             await self._blocking(self.store.finalize, tmp, entry)
+        except ShuttingDown:
+            self.store.keep_partial(key)  # what the download kept, counted until the daemon exits
+            raise
         finally:
             self.store.unreserve(info.size)
         self.metrics.fetch_seconds.observe(time.perf_counter() - started)
@@ -348,7 +369,7 @@ class ShardService:
     async def _housekeeping_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(1.0)  # periodic housekeeping, not a readiness wait
-            if self.store.expire_leases() or self.planner.expire_stale():
+            if self.store.expire_leases() or self.planner.expire_stale() or self.store.expire_partials():
                 self._notify()
             now = self._clock()
             for url in [u for u, (at, _) in self._infos.items() if now - at > _INFO_TTL_S]:

@@ -100,6 +100,8 @@ class Space:
                 reason = "prefetch" if not demand else "capacity" if not store.fits(size) else "disk_full"
                 self.evict(victim, reason)
                 continue
+            if store.drop_oldest_partial():
+                continue  # partial downloads nobody resumed go before anyone waits
             if not demand:
                 raise NoRoom(url)
             if self._closing():

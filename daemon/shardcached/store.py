@@ -5,8 +5,14 @@ Downloads write `.tmp-*` files in the same directory; `finalize` fsyncs and rena
 a shard is visible only once complete. At start `recover` removes temp files and any data/meta file without
 its partner (or with the wrong size) and rebuilds the index from what is really on disk.
 
-Capacity counts resident shards, reservations of in-flight downloads, and evicted shards whose files are
-kept until their leases end. All methods except `finalize` run on the event loop thread.
+A download cut by a graceful shutdown leaves `.part-<key>`: the bytes received so far, fsynced. The key
+holds the remote version, so the next fetch of the same version resumes it (fetcher.py) and a changed
+object never does. Partial files are never indexed nor served; they are kept `PARTIAL_TTL_S` and dropped
+first when room is short.
+
+Capacity counts resident shards, reservations of in-flight downloads, evicted shards whose files are
+kept until their leases end, and partial files. All methods except `finalize` run on the event loop
+thread.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from shardcached.errors import NotFound
 logger = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".tmp-"
+PART_PREFIX = ".part-"
 META_SUFFIX = ".meta.json"
+PARTIAL_TTL_S = 3600.0  # a partial download nobody resumed within this long is removed
 
 
 @dataclass(eq=False)
@@ -79,6 +87,8 @@ class Store:
         self.resident_bytes = 0
         self.doomed_bytes = 0
         self.reserved_bytes = 0
+        self._partials: dict[str, tuple[int, float]] = {}  # key -> (bytes, mtime) of `.part-<key>`
+        self.partial_bytes = 0
 
     @property
     def by_url(self) -> Mapping[str, Entry]:
@@ -88,8 +98,8 @@ class Store:
     # -- accounting -------------------------------------------------------------------------------------
     @property
     def used(self) -> int:
-        """Bytes counted against the capacity: resident, doomed-but-leased and reserved."""
-        return self.resident_bytes + self.doomed_bytes + self.reserved_bytes
+        """Bytes counted against the capacity: resident, doomed-but-leased, reserved and partial."""
+        return self.resident_bytes + self.doomed_bytes + self.reserved_bytes + self.partial_bytes
 
     def fits(self, size: int) -> bool:
         return self.used + size <= self.capacity
@@ -118,6 +128,8 @@ class Store:
             if name.startswith(TEMP_PREFIX):
                 logger.info("removing temp file left by an interrupted download: %s", path)
                 _remove(path)
+            elif name.startswith(PART_PREFIX):
+                self._recover_partial(path)
             elif name.endswith(META_SUFFIX):
                 loaded = self._load_meta(path, names)
                 if loaded is None:
@@ -137,13 +149,73 @@ class Store:
         for _, entry in newest.values():
             self._insert(entry)
         for name in names - data_names:
-            if not name.startswith(TEMP_PREFIX) and not name.endswith(META_SUFFIX) and len(name) >= 64:
+            if name.startswith((TEMP_PREFIX, PART_PREFIX)) or name.endswith(META_SUFFIX):
+                continue
+            if len(name) >= 64:
                 logger.info("removing shard file without metadata: %s", name)
                 _remove(self.cache_dir / name)
         logger.info(
             "recovered %d shards (%d bytes) from %s", len(self.by_url), self.resident_bytes, self.cache_dir
         )
         return len(self.by_url)
+
+    def _recover_partial(self, path: Path) -> None:
+        try:
+            info = path.lstat()
+        except OSError:
+            return
+        if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > PARTIAL_TTL_S:
+            logger.info("removing partial download %s (too old, or not a regular file)", path)
+            _remove(path)
+            return
+        key = path.name.removeprefix(PART_PREFIX)
+        self._partials[key] = (info.st_size, info.st_mtime)
+        self.partial_bytes += info.st_size
+        logger.info("keeping partial download %s (%d bytes) to resume", path.name, info.st_size)
+
+    # -- partial downloads ------------------------------------------------------------------------------
+    def partial_path(self, key: str) -> Path:
+        """Where a cut download of the shard version `key` keeps its bytes."""
+        return self.cache_dir / f"{PART_PREFIX}{key}"
+
+    def claim_partial(self, key: str) -> Path | None:
+        """The partial file of `key` for a download to resume (no longer counted here), or None."""
+        found = self._partials.pop(key, None)
+        if found is None:
+            return None
+        self.partial_bytes -= found[0]
+        return self.partial_path(key)
+
+    def keep_partial(self, key: str) -> None:
+        """Count `key`'s partial file again if it is on disk (a claimed one that was not resumed)."""
+        try:
+            info = self.partial_path(key).lstat()
+        except OSError:
+            return
+        if key not in self._partials and stat.S_ISREG(info.st_mode):
+            self._partials[key] = (info.st_size, info.st_mtime)
+            self.partial_bytes += info.st_size
+
+    def drop_oldest_partial(self) -> bool:
+        """Remove the oldest partial file to make room; False when there is none."""
+        if not self._partials:
+            return False
+        key = min(self._partials, key=lambda k: self._partials[k][1])
+        size, _ = self._partials.pop(key)
+        self.partial_bytes -= size
+        _remove(self.partial_path(key))
+        logger.info("dropped the partial download of key %s (%d bytes) to make room", key, size)
+        return True
+
+    def expire_partials(self, now: float | None = None) -> int:
+        """Remove partial files older than `PARTIAL_TTL_S` (wall-clock `now`); returns how many."""
+        now = time.time() if now is None else now
+        old = [key for key, (_, mtime) in self._partials.items() if now - mtime > PARTIAL_TTL_S]
+        for key in old:
+            size, _ = self._partials.pop(key)
+            self.partial_bytes -= size
+            _remove(self.partial_path(key))
+        return len(old)
 
     def _load_meta(self, meta_path: Path, names: set[str]) -> tuple[Entry, int] | None:
         """The entry a meta file describes and the meta's mtime in ns, or None if it is not servable."""

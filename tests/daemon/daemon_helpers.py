@@ -21,7 +21,8 @@ class Proxy:
     """A TCP proxy on 127.0.0.1 that can throttle bandwidth and drop the first connections.
 
     `rate` limits bytes per second from the upstream per connection; the first `fail_first` connections
-    are answered `503 Slow Down` and closed (a transient fault the daemon must retry).
+    are answered `503 Slow Down` and closed (a transient fault the daemon must retry). `bytes_down` counts
+    what the upstream sent through it (answers, headers included).
     """
 
     def __init__(self, upstream: str, rate: float | None = None, fail_first: int = 0) -> None:
@@ -30,6 +31,8 @@ class Proxy:
         self.rate = rate
         self.fail_first = fail_first
         self.connections = 0
+        self.bytes_down = 0
+        self._count_lock = threading.Lock()
         self._server = socket.socket()
         self._server.bind(("127.0.0.1", 0))
         self._server.listen(64)
@@ -53,7 +56,7 @@ class Proxy:
                 continue
             upstream = socket.create_connection(self.upstream)
             threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, self.rate), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.rate, True), daemon=True).start()
 
     @staticmethod
     def _refuse(client: socket.socket) -> None:
@@ -67,12 +70,15 @@ class Proxy:
         finally:
             client.close()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None, count: bool = False) -> None:
         started, sent = time.monotonic(), 0
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
                 sent += len(data)
+                if count:
+                    with self._count_lock:
+                        self.bytes_down += len(data)
                 if rate:
                     ahead = sent / rate - (time.monotonic() - started)
                     if ahead > 0:

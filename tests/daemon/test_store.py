@@ -130,3 +130,18 @@ def test_an_evicted_leased_shard_can_be_revived_without_a_download(tmp_path: Pat
     store.remove("s3://b/a.tar")
     assert store.revive(entry.key) is entry
     assert (store.by_url["s3://b/a.tar"], store.used) == (entry, 7)
+
+
+def test_recovery_keeps_a_fresh_partial_download_unindexed_and_counted_and_drops_an_old_one(tmp_path: Path):
+    from shardcached.store import PARTIAL_TTL_S
+
+    store = Store(tmp_path, capacity=1000)
+    fresh, old = store.partial_path(cache_key("s3://b/a.tar", "v1")), store.partial_path("f" * 64)
+    fresh.write_bytes(b"x" * 30)
+    old.write_bytes(b"y" * 40)
+    stale = old.stat().st_mtime - PARTIAL_TTL_S - 60
+    os.utime(old, (stale, stale))
+    again = Store(tmp_path, capacity=1000)
+    assert again.recover() == 0 and dict(again.by_url) == {}
+    assert (fresh.exists(), old.exists(), again.used) == (True, False, 30)
+    assert again.claim_partial(cache_key("s3://b/a.tar", "v1")) == fresh and again.used == 0
