@@ -9,6 +9,7 @@ lists and says what changed, e.g. ``stage 2 shuffle(): buffer_size differs (save
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,8 +39,18 @@ def _short(value: str) -> str:
 
 
 def source_description(description: str) -> str:
-    """A source's `describe()` made short: options (long values hashed), shard count, URL-list hash."""
+    """A source's `describe()` made short: options (long values hashed), shard count, URL-list hash.
+
+    A mix's description (its arguments as JSON, then one ``name=fingerprint`` line per member) becomes
+    ``mix(argument=value,...) members=N pipelines=<hash>``.
+    """
     head, _, urls = description.partition("\n")
+    if head.startswith("{"):
+        arguments = json.loads(head)
+        options = ",".join(_short(f"{k}={json.dumps(v)}") for k, v in sorted(arguments.items()))
+        members = [m for m in urls.split("\n") if m]
+        digest = hashlib.sha256(urls.encode()).hexdigest()[:12]
+        return f"mix({options}) members={len(members)} pipelines={digest}"
     name, _, rest = head.partition("(")
     args = _split_args(rest[:-1] if rest.endswith(")") else rest)
     options = ",".join(_short(a) for a in args)
@@ -116,8 +127,12 @@ def _differences(saved: str, current: str, source: bool) -> list[str]:
             out.append(
                 f"the shard list differs (saved {fields.get('shards')} shards, now {now.get('shards')})"
             )
-        else:
+        elif fields.get("urls") != now.get("urls"):
             out.append(f"the shard URLs differ (same count, {fields.get('shards')})")
+        elif fields.get("members") != now.get("members"):
+            out.append(f"the mixed datasets differ (saved {fields.get('members')}, now {now.get('members')})")
+        else:
+            out.append("a mixed dataset's own source or stages differ")
     return out or [f"saved {saved!r}, now {current!r}"]
 
 

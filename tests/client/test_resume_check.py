@@ -54,3 +54,19 @@ def test_descriptions_stay_small_for_a_thousand_shards() -> None:
 
 def test_a_state_without_descriptions_says_so() -> None:
     assert "older version" in mismatch_message({"fingerprint": "x"}, parts(tars(URLS)))
+
+
+def test_a_changed_mix_argument_is_named() -> None:
+    member = tars(URLS)
+    concat = Dataset.from_source("mixed", sources={"a": member}, strategy="concat")
+    rotating = Dataset.from_source("mixed", sources={"a": member}, strategy="round_robin")
+    message = describe_mismatch(parts(concat), parts(rotating))
+    assert message == 'the source: strategy differs (saved "concat", now "round_robin")'
+
+
+def test_a_changed_mix_member_is_named() -> None:
+    before = Dataset.from_source("mixed", sources={"a": tars(URLS)})
+    after = Dataset.from_source("mixed", sources={"a": tars(URLS).shuffle(2)})
+    assert describe_mismatch(parts(before), parts(after)) == (
+        "the source: a mixed dataset's own source or stages differ"
+    )
