@@ -69,6 +69,11 @@ def short_descriptions(source_description_text: str, stage_descriptions: Sequenc
     return [source_description(source_description_text), *(_short(d) for d in stage_descriptions)]
 
 
+def pipeline_parts(source: Any, stages: Sequence[Any]) -> list[str]:
+    """`short_descriptions` of a Dataset's source and stages: what its states carry as ``"stages"``."""
+    return short_descriptions(source.describe(), [stage.describe() for stage in stages])
+
+
 def _split_args(text: str) -> list[str]:
     """Top-level comma-separated parts of an argument list (brackets and quotes respected)."""
     parts: list[str] = []

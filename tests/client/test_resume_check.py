@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from shardcache import Dataset
-from shardcache.resume_check import describe_mismatch, mismatch_message, short_descriptions
+from shardcache.resume_check import describe_mismatch, mismatch_message, pipeline_parts, short_descriptions
 
 
 def parts(ds: Dataset) -> list[str]:
-    return short_descriptions(ds.source.describe(), [s.describe() for s in ds.stages])
+    return pipeline_parts(ds.source, ds.stages)
 
 
 def tars(shards: list[str], **options: object) -> Dataset:
@@ -69,4 +69,11 @@ def test_a_changed_mix_member_is_named() -> None:
     after = Dataset.from_source("mixed", sources={"a": tars(URLS).shuffle(2)})
     assert describe_mismatch(parts(before), parts(after)) == (
         "the source: a mixed dataset's own source or stages differ"
+    )
+
+
+def test_pipeline_parts_are_the_short_descriptions() -> None:
+    ds = tars(URLS).shuffle(3)
+    assert pipeline_parts(ds.source, ds.stages) == short_descriptions(
+        ds.source.describe(), [s.describe() for s in ds.stages]
     )
