@@ -20,6 +20,7 @@ _STAGE_ARGS: dict[str, tuple[str, ...]] = {
     "shuffle": ("buffer_size", "initial", "seed"),
     "assemble": ("factory", "drop_last"),
     "batch": ("batch_size", "drop_last", "collate_fn"),
+    "loader": ("num_workers", "batch_size", "collate_fn", "drop_last"),
     "balance": (
         "drop_last",
         "dummy_factory",
@@ -157,7 +158,8 @@ def describe_mismatch(saved: Sequence[str], current: Sequence[str]) -> str:
     for i, (old, new) in enumerate(zip(saved, current, strict=False)):
         if old == new:
             continue
-        where = "the source" if i == 0 else f"stage {i} {_parse(new)[0]}()"
+        kind = _parse(new)[0]
+        where = "the source" if i == 0 else "the loader" if kind == "loader" else f"stage {i} {kind}()"
         problems += [f"{where}: {d}" for d in _differences(old, new, source=i == 0)]
     if len(saved) > len(current):
         dropped = ", ".join(_parse(d)[0] + "()" for d in saved[len(current) :])

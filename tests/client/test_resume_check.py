@@ -77,3 +77,9 @@ def test_pipeline_parts_are_the_short_descriptions() -> None:
     assert pipeline_parts(ds.source, ds.stages) == short_descriptions(
         ds.source.describe(), [s.describe() for s in ds.stages]
     )
+
+
+def test_a_changed_loader_setting_is_named() -> None:
+    saved = [*parts(tars(URLS)), "loader(2,8,None,False)"]
+    current = [*parts(tars(URLS)), "loader(4,8,None,False)"]
+    assert describe_mismatch(saved, current) == "the loader: num_workers differs (saved 2, now 4)"
