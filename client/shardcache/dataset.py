@@ -325,18 +325,27 @@ class Dataset:
             unit_counts(node, units)
         node.close()
 
+    def parts(self) -> list[str]:
+        """Short descriptions of the source and each stage, carried in states (`shardcache.resume_check`)."""
+        from shardcache.resume_check import pipeline_parts
+
+        return pipeline_parts(self._source, self._stages)
+
     def _check_merged(self, state: dict[str, Any]) -> None:
         from shardcache.elastic import check_merged
 
-        check_merged(state, self.fingerprint())
+        check_merged(state, self.fingerprint(), self.parts())
 
     def _check_state(self, state: Any, ctx: RuntimeContext | None) -> None:
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             version = state.get("version") if isinstance(state, dict) else None
             raise StateError(f"resume state version {version!r} is not supported (expected {STATE_VERSION})")
         if state.get("fingerprint") != self.fingerprint():
+            from shardcache.resume_check import mismatch_message
+
             raise StateError(
-                "resume state was taken from a pipeline with another source or stage list "
+                "resume state was taken from a pipeline with another source or stage list: "
+                f"{mismatch_message(state, self.parts())} "
                 f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
             )
         if ctx is not None and (state.get("slot"), state.get("total_slots")) != (ctx.slot, ctx.total_slots):
@@ -382,7 +391,7 @@ class Dataset:
             if source is None:
                 raise UnsupportedResume("an elastic resume needs a pipeline over one source (not a mix)")
             source.origin = origin
-        iterator = PipelineIterator(node, ctx, self.fingerprint())
+        iterator = PipelineIterator(node, ctx, self.fingerprint(), self.parts())
         if pending is not None and iterator._source is not None:
             skipped = pending.get("skipped_shards", 0)
             iterator._source.skipped_shards = skipped if isinstance(skipped, int) else 0

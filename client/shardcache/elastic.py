@@ -95,13 +95,16 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def check_merged(state: dict[str, Any], fingerprint: str) -> None:
+def check_merged(state: dict[str, Any], fingerprint: str, parts: Sequence[str]) -> None:
+    from shardcache.resume_check import mismatch_message
+
     if state.get("version") != MERGED_VERSION:
         raise StateError(f"merged resume state version {state.get('version')!r} is not supported")
     if state.get("fingerprint") != fingerprint:
+        ranks = state.get("states") or [state]
         raise StateError(
-            "merged resume state was taken from a pipeline with another source or stage list "
-            f"(fingerprint {state.get('fingerprint')} != {fingerprint})"
+            "merged resume state was taken from a pipeline with another source or stage list: "
+            f"{mismatch_message(ranks[0], parts)} (fingerprint {state.get('fingerprint')} != {fingerprint})"
         )
 
 

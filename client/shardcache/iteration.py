@@ -42,10 +42,13 @@ def _source_of(node: Node) -> SourceNode | None:
 class PipelineIterator:
     """Iterates one slot's pipeline; `state_dict()` is the position before the next item."""
 
-    def __init__(self, node: Node, ctx: RuntimeContext, fingerprint: str) -> None:
+    def __init__(
+        self, node: Node, ctx: RuntimeContext, fingerprint: str, parts: list[str] | None = None
+    ) -> None:
         self.node = node
         self.context = ctx
         self.fingerprint = fingerprint
+        self.parts = parts or []  # short per-stage descriptions: a refusal names what differs
         self._source = _source_of(node)
         self._next = node.__next__
         self.telemetry: Telemetry | None = None
@@ -86,6 +89,7 @@ class PipelineIterator:
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
+            "stages": self.parts,
             "slot": self.context.slot,
             "total_slots": self.context.total_slots,
             "epoch": self.context.epoch,

@@ -241,16 +241,30 @@ class TorchLoader:
                 raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
             # An elastic resume may change num_workers: the rest of the loader must be the same.
             saved = (state.get("states") or [{}])[0]
-            check_merged(state, self._fingerprint(saved.get("num_workers", self.num_workers)))
+            workers = saved.get("num_workers", self.num_workers)
+            check_merged(state, self._fingerprint(workers), self._parts(workers))
         else:
             self._check_state(state, self.dataset.resolve_context())
         self._runtime.pending = state
+
+    def _parts(self, num_workers: int) -> list[str]:
+        """Short descriptions of the dataset, the loader's batching and its stages (`resume_check`)."""
+        from shardcache.stages.map import callable_name
+
+        collate = None if self.collate_fn is None else callable_name(self.collate_fn)
+        drop_last = bool(self.loader_kwargs.get("drop_last", False))
+        return [
+            *self.dataset.parts(),
+            f"loader({num_workers},{self.batch_size},{collate},{drop_last})",
+            *(stage.describe() for stage in self.stages),
+        ]
 
     def _header(self, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "kind": "torch_loader",
             "fingerprint": self.fingerprint(),
+            "stages": self._parts(self.num_workers),
             "num_workers": self.num_workers,
             "dp_rank": ctx.dp_rank,
             "dp_size": ctx.dp_size,
@@ -277,8 +291,11 @@ class TorchLoader:
                 f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size"
             )
         if state.get("fingerprint") != self.fingerprint():
+            from shardcache.resume_check import mismatch_message
+
             raise StateError(
-                "resume state was taken from a TorchLoader with another dataset, batching or stage list "
+                "resume state was taken from a TorchLoader with another dataset, batching or stage list: "
+                f"{mismatch_message(state, self._parts(self.num_workers))} "
                 f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
             )
         if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
@@ -330,12 +347,17 @@ class TorchLoader:
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
         from shardcache.sources.schedule import job_id
-        from shardcache.telemetry import for_reader
+        from shardcache.telemetry import for_reader, items_are_batches
 
         spec = self.dataset.source
         job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)
         merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
-        return for_reader(spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards)
+        # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
+        workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
+        batched = items_are_batches((s.kind for s in self.stages), workers_batch)
+        return for_reader(
+            spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards, batched
+        )
 
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
