@@ -1,4 +1,4 @@
-"""The metrics listener: every metric of DESIGN.md, valid for promtool, counting what happened."""
+"""The metrics listener: every metric in docs/metrics.md, valid for promtool, counting what happened."""
 
 from __future__ import annotations
 
