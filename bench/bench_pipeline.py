@@ -12,6 +12,7 @@ a DataLoader with the same batching.
     .venv/bin/python -m bench.bench_pipeline                       # 16 shards x 1000 samples
     .venv/bin/python -m bench.bench_pipeline --shards 4 --samples 200 --repeats 1 --no-loader   # quick
     .venv/bin/python -m bench.bench_pipeline --compressed --no-loader  # .tar.gz/.tar.zst against .tar
+    .venv/bin/python -m bench.bench_pipeline --balance --no-loader     # even="drop" against no balancing
 """
 
 from __future__ import annotations
@@ -125,6 +126,56 @@ def print_compressed(best: dict[str, float]) -> None:
     print(f"  ratio shardcache .tar.gz / webdataset .tar.gz {ours / theirs:.2f}x")
 
 
+def stepped_over(counts: list[int], ranks: int) -> int:
+    """Samples the `even="drop"` readers step over to reach the pieces that start mid-shard (epoch 0)."""
+    from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+
+    universe = [Piece(u, 0, n) for u, n in enumerate(counts)]
+    weights = tuple(float(n) for n in counts)
+    plan = plan_epoch(universe, weights, Layout(1, ranks, 1), Partitioning("global", "drop"), 0, 0)
+    return sum(piece.start for slot in plan for piece in slot)
+
+
+def compare_balance(root: Path, paths: list[str], samples: int, ranks: list[int], repeats: int) -> None:
+    """Equal work per rank against the unbalanced pipeline, in the same run: every rank of an R-way job
+    read in turn (explicit RuntimeContexts, one process), with `even="drop"` and with `even=None`.
+
+    Both read the same manifest, written here with `num_samples` (outside the timed part, as a job would
+    ship it), so the balanced run has no counting pass: what is timed is the sample-level plan and the
+    reads that start in the middle of the shards it cuts (a reader parses the headers of the samples
+    before its piece to find it). Rounds alternate; the best of `repeats` is kept, by wall clock and by
+    this process's CPU time (steadier on a shared machine: the reads are single-threaded).
+    """
+    from shardcache import Dataset, RuntimeContext
+    from shardcache.shards import write_manifest
+
+    manifest = str(root / "shards.manifest.jsonl")
+    write_manifest(paths, manifest)
+    total = samples * len(paths)
+    modes: tuple[str | None, ...] = (None, "drop")
+    pipelines = {e: Dataset.from_source("tars", manifest, daemon=None, even=e).map(touch) for e in modes}
+    print(f"balancing: R ranks read in turn, counts from a manifest, best of {repeats} (target >= 0.97x)")
+    for r in ranks:
+        contexts = [RuntimeContext(rank=rank, world_size=r) for rank in range(r)]
+        expected = {None: total, "drop": total - total % r}
+        best = {even: [0.0, 0.0] for even in pipelines}  # samples/s by wall clock, by CPU time
+        for _ in range(repeats + 1):  # the first round warms the page cache
+            for even, ds in pipelines.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                count = sum(1 for ctx in contexts for _ in ds.iter_context(ctx))
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if count != expected[even]:
+                    raise SystemExit(f"even={even}: read {count} samples, expected {expected[even]}")
+                best[even] = [max(best[even][0], count / wall), max(best[even][1], count / cpu)]
+        (none_wall, none_cpu), (drop_wall, drop_cpu) = best[None], best["drop"]
+        skipped = stepped_over([samples] * len(paths), r)
+        print(
+            f"  R={r}: even=None {none_wall:>9,.0f}/s wall {none_cpu:>9,.0f}/s CPU; even=drop "
+            f"{drop_wall:>9,.0f}/s wall {drop_cpu:>9,.0f}/s CPU; ratio {drop_wall / none_wall:.3f}x wall "
+            f"{drop_cpu / none_cpu:.3f}x CPU; stepped over {skipped} samples ({skipped / total:.1%})"
+        )
+
+
 def loader_ours(paths: list[str], workers: int, batch: int) -> Iterable[Any]:
     from shardcache import Dataset, TorchLoader
 
@@ -163,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-loader", action="store_true", help="skip the TorchLoader comparison")
     parser.add_argument("--daemon", action="store_true", help="also read through a real daemon (local allow)")
     parser.add_argument("--compressed", action="store_true", help="also read .tar.gz (and .tar.zst) copies")
+    parser.add_argument("--balance", action="store_true", help="also read with even='drop' against even=None")
+    parser.add_argument("--balance-ranks", default="2,3,4,6", help="rank counts for --balance")
     args = parser.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
@@ -210,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  ratio shardcache+daemon / webdataset {best['shardcache+daemon'] / wds:.2f}x")
         if args.compressed:
             print_compressed(best)
+        if args.balance:
+            ranks = [int(r) for r in args.balance_ranks.split(",")]
+            compare_balance(root, paths, args.samples, ranks, args.repeats)
         if not args.no_loader:
             ours = best[f"shardcache TorchLoader({args.workers})"]
             theirs = best[f"webdataset DataLoader({args.workers})"]
