@@ -58,7 +58,14 @@ class ControlClient:
                 self._owner = owner
             return self._client
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
         """Send one request and read its whole answer.
 
         Raises:
@@ -68,7 +75,7 @@ class ControlClient:
 
         try:
             answer = self._http().request(
-                method, path, json=body, timeout=self.timeout if timeout is None else timeout
+                method, path, json=body, headers=headers, timeout=self.timeout if timeout is None else timeout
             )
         except httpx.TimeoutException as exc:
             raise DaemonUnavailable(

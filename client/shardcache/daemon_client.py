@@ -27,7 +27,7 @@ from shardcache.errors import (
     InsufficientCapacity,
     RemoteNotFound,
 )
-from shardcache.transport import Response, Transport
+from shardcache.transport import RELEASE_HEADER, Response, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -405,9 +405,17 @@ class DaemonClient:
     # -- control plane --------------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
-        answer = self._control.request(method, path, body)
+        answer = self._control.request(method, path, body, headers=self._held_releases())
         self._came_up()
         return answer.raise_for_status(url).json()
+
+    def _held_releases(self) -> dict[str, str] | None:
+        """The leases this thread still holds, as the `Shardcache-Release` header of a control request.
+
+        Every request ends the leases of shards closed just before it, whichever transport carries it.
+        """
+        held = self._transport.take_releases()
+        return {RELEASE_HEADER: ",".join(held)} if held else None
 
     def register_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
@@ -417,7 +425,14 @@ class DaemonClient:
             BadRequest: the daemon rejected the plan.
         """
         body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
-        answer = self._through_restarts(lambda: self._control.request("POST", f"{_V1}/plans", body), None)
+
+        def send() -> Response:
+            # The plan belongs to the current `generation`: the open path's connection is made first, so the
+            # open that follows this registration does not look like a reconnect to a restarted daemon.
+            self._transport.connect()
+            return self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+
+        answer = self._through_restarts(send, None)
         if answer is None:
             return None
         return str(protocol.PlanResponse.model_validate(answer).plan)

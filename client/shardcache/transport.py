@@ -225,6 +225,10 @@ class Transport:
             self._local.conn = conn
         return conn
 
+    def connect(self) -> None:
+        """Open this thread's connection now if it has none (raises `DaemonUnavailable` like `request`)."""
+        self._connection()
+
     def _drop(self, conn: _Connection) -> None:
         conn.close()
         if getattr(self._local, "conn", None) is conn:
@@ -286,6 +290,10 @@ class Transport:
         if held is None:
             held = self._local.releases = []
         return held
+
+    def take_releases(self) -> list[str]:
+        """The leases this thread holds for its next request, handed over (for a request sent otherwise)."""
+        return self._take_releases()
 
     def _take_releases(self) -> list[str]:
         held = self._held()
