@@ -79,10 +79,10 @@ def tars(f: Files, even: str | None, context: RuntimeContext | None = None) -> D
 Ranks = list[list[tuple[str, bool]]]
 
 
-def per_rank(ds: Dataset, world_size: int, workers: int, key: str = "__key__") -> Ranks:
+def per_rank(ds: Dataset, world_size: int, workers: int, key: str = "__key__", **kw: Any) -> Ranks:
     """Every rank's samples as (key, marked pad), reading each of its worker slots in turn."""
     ranks: Ranks = [[] for _ in range(world_size)]
-    for ctx in slot_contexts(world_size * workers, workers, seed=5, epoch=2):
+    for ctx in slot_contexts(world_size * workers, workers, seed=5, epoch=2, **kw):
         ranks[ctx.rank] += [(str(s[key]), bool(s.get("__pad__", False))) for s in ds.iter_context(ctx)]
     return ranks
 
@@ -138,6 +138,20 @@ def test_the_worker_split_is_the_same_on_every_rank(files: Files) -> None:
     per_slot = {(c.rank, c.worker_id): sum(1 for _ in ds.iter_context(c)) for c in slot_contexts(6, 2)}
     assert [per_slot[(r, 0)] for r in range(3)] == [per_slot[(0, 0)]] * 3
     assert [per_slot[(r, 1)] for r in range(3)] == [per_slot[(0, 1)]] * 3
+
+
+@pytest.mark.parametrize("even", ["drop", "pad"])
+@pytest.mark.parametrize(("nodes", "per_node", "workers"), [(2, 2, 2), (3, 1, 2), (2, 3, 1)])
+def test_even_composes_with_node_placement(
+    tmp_path: Path, even: str, nodes: int, per_node: int, workers: int
+) -> None:
+    counts = [6, 18, 17, 4, 0, 29, 19, 15, 20, 18, 2, 19, 0]  # 167 samples, two empty shards
+    for s, count in enumerate(counts):
+        write_tar(tmp_path / f"n_{s:02d}.tar", [(f"n{s:02d}_{i:03d}.txt", b"v") for i in range(count)])
+    universe = [f"n{s:02d}_{i:03d}" for s, count in enumerate(counts) for i in range(count)]
+    ds = Dataset.from_source("tars", str(tmp_path / "n_{00..12}.tar"), daemon=None, even=even)
+    ranks = per_rank(ds, nodes * per_node, workers, local_world_size=per_node)
+    (check_drop if even == "drop" else check_pad)(ranks, universe)
 
 
 def keep_list(batch: list[Any]) -> list[Any]:
