@@ -98,7 +98,7 @@ def test_belady_evicts_the_shard_used_farthest_ahead_where_lru_evicts_the_oldest
 ):
     shards = make_bucket(count=4)
     a, b, c, d = shards.s3_urls
-    capacity = str(3 * shards.size_of(shards.names[0]) + 100)
+    capacity = f"{3 * shards.size_of(shards.names[0]) + 100}B"
     order = [a, b, c, d, a, b]
     kept = {}
     for policy in ("belady", "lru"):

@@ -66,7 +66,7 @@ def test_two_epochs_through_faults_yield_the_clean_runs_samples(make_bucket, dae
     proxy = fault_proxy()
     failing = schedule(proxy, shards.bucket, shards.names)
     # Half the dataset fits: the second epoch downloads again, through the faults scheduled next.
-    capacity = str(shards.total_bytes // 2)
+    capacity = f"{shards.total_bytes // 2}B"
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"], capacity=capacity, extra_args=FAST_RETRIES, env=proxy_env(proxy)
     )
