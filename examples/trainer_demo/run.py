@@ -80,7 +80,7 @@ def _default_capacity(dataset: DemoDataset, args: argparse.Namespace) -> str:
     and the ranks read them directly, which tiny datasets would otherwise show instead of the cache."""
     readers = args.ranks * (max(1, args.workers) + 1)  # training workers, and each rank's validation reader
     shard = dataset.total_bytes // max(1, len(dataset.urls))
-    return str(max(1, dataset.total_bytes * 3 // 4, readers * shard * (PREFETCH_DEPTH + 1)))
+    return f"{max(1, dataset.total_bytes * 3 // 4, readers * shard * (PREFETCH_DEPTH + 1))}B"  # bytes
 
 
 class _Coordinator:
@@ -198,7 +198,8 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
         else:
             port = metrics_port(args.metrics_port)
             capacity = args.capacity or _default_capacity(data, args)
-            shown = human_bytes(int(capacity)) if capacity.isdigit() else capacity
+            number = capacity.removesuffix("B")
+            shown = human_bytes(int(number)) if number.isdigit() else capacity
             print(
                 f"starting shardcached: cache {cache_dir}/shards, capacity {shown} for a dataset of "
                 f"{human_bytes(data.total_bytes)}",
