@@ -1,0 +1,210 @@
+"""A simulated cluster with real parts: one moto S3 endpoint, one real daemon per node (each with its own
+cache dir, socket and metrics port), and every rank a process reading through its own node's daemon.
+
+4 nodes x 2 ranks, each node's cache 1.15x its share of the dataset, 3 epochs: with node placement the
+cluster downloads the dataset about once; with global placement every node needs other shards each epoch.
+A checkpoint mid-epoch resumes on 3 nodes and (from 2) on 4 nodes with nothing lost or read twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_ranks import Rank, read_part, read_rest, run_epochs
+from cluster_support import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
+
+from conftest import make_tar_shard
+from shardcache import merge_states
+from shardcache.sources.partition import owners, weights_of
+
+PER_NODE = 2
+EPOCHS = 3
+DEADLINE_S = 120.0
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster_data(s3_client: Any, tmp_path_factory: pytest.TempPathFactory) -> ClusterData:
+    local = tmp_path_factory.mktemp("cluster-shards")
+    return upload_cluster_data(s3_client, f"cluster-{os.getpid()}", local, make_tar_shard)
+
+
+@pytest.fixture
+def start_nodes(tmp_path: Path) -> Iterator[Callable[[list[int], list[str]], list[Node]]]:
+    """Factory: one daemon per capacity; every daemon started is stopped after the test."""
+    nodes = NodeSet(tmp_path)
+    yield nodes.start
+    nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def rank_processes() -> Any:
+    return rank_process_context()
+
+
+def node_shares(data: ClusterData, nodes: int) -> list[set[str]]:
+    """Each node's shard URLs under node placement (balanced by bytes: the refs carry sizes)."""
+    weights = weights_of([None] * len(data.refs), [ref.size for ref in data.refs])
+    owner = owners(weights, nodes, 0)
+    return [{ref.url for ref, o in zip(data.refs, owner, strict=True) if o == k} for k in range(nodes)]
+
+
+def share_bytes(data: ClusterData, share: set[str]) -> int:
+    return sum(ref.size or 0 for ref in data.refs if ref.url in share)
+
+
+def ranks_on(data: ClusterData, nodes: list[Node], per_node: int, placement: str = "auto") -> list[Rank]:
+    world = len(nodes) * per_node
+    return [Rank(r, world, per_node, nodes[r // per_node].socket, data.refs, placement) for r in range(world)]
+
+
+def run_cluster(
+    context: Any,
+    ranks: list[Rank],
+    epochs: int,
+    after_epoch: Callable[[int, dict[int, list[str]]], None],
+) -> None:
+    """Every rank in its own process, epochs in lockstep; `after_epoch(epoch, keys by rank)` runs while the
+    ranks wait for the next epoch (their plans for it registered, nothing being read)."""
+    barrier = context.Barrier(len(ranks) + 1)
+    results = context.Queue()
+    procs = [context.Process(target=run_epochs, args=(rank, epochs, barrier, results)) for rank in ranks]
+    for proc in procs:
+        proc.start()
+    try:
+        for epoch in range(epochs):
+            barrier.wait(DEADLINE_S)
+            got: dict[int, list[str]] = {}
+            while len(got) < len(ranks):
+                try:
+                    rank, done, keys = results.get(timeout=DEADLINE_S)
+                except queue.Empty:
+                    missing = sorted(set(range(len(ranks))) - set(got))
+                    pytest.fail(f"epoch {epoch}: ranks {missing} did not finish")
+                if done < 0:
+                    pytest.fail(f"rank {rank} failed:\n{keys}")
+                assert done == epoch
+                got[rank] = keys
+            after_epoch(epoch, got)
+        barrier.wait(DEADLINE_S)
+        for proc in procs:
+            proc.join(DEADLINE_S)
+            assert proc.exitcode == 0
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def egress(nodes: list[Node]) -> int:
+    return sum(int(node.stats()["bytes_fetched"]) for node in nodes)
+
+
+def start_cluster(data: ClusterData, start: Callable[[list[int], list[str]], list[Node]]) -> list[Node]:
+    """4 nodes, each daemon's capacity 1.15x its node's share of the dataset's bytes."""
+    return start([int(1.15 * share_bytes(data, s)) for s in node_shares(data, 4)], [data.prefix])
+
+
+def exactly_once(data: ClusterData) -> Callable[[int, dict[int, list[str]]], None]:
+    def check(epoch: int, keys: dict[int, list[str]]) -> None:
+        assert Counter(k for rank_keys in keys.values() for k in rank_keys) == data.keys, f"epoch {epoch}"
+
+    return check
+
+
+def test_node_placement_downloads_the_dataset_about_once_and_each_daemon_holds_its_nodes_plans(
+    cluster_data: ClusterData, start_nodes: Any, rank_processes: Any
+) -> None:
+    shares = node_shares(cluster_data, 4)
+    nodes = start_cluster(cluster_data, start_nodes)
+    urls_of = {f"s{i:04d}": ref.url for i, ref in enumerate(cluster_data.refs)}
+    held: list[list[dict[str, Any]]] = []
+    once = exactly_once(cluster_data)
+
+    def check(epoch: int, keys: dict[int, list[str]]) -> None:
+        once(epoch, keys)
+        for plans in held:  # the plans registered during the last epoch for this one, as long as it read
+            for plan in plans:
+                read = [urls_of[key[:5]] for key in keys[plan["slot"]]]
+                assert plan["len"] == len([url for url, _ in itertools.groupby(read)])
+        held.clear()
+        for k, node in enumerate(nodes):
+            plans = node.plans()
+            # Between epochs each slot of this node holds its next epoch's plan, and no other node's slot
+            # has a plan here; what the plans name ahead is exactly this node's share.
+            assert sorted(p["slot"] for p in plans) == [PER_NODE * k + j for j in range(PER_NODE)]
+            assert {p["epoch"] for p in plans} == {epoch + 1}
+            assert {s["url"] for s in node.shards() if s["next_use"] is not None} == shares[k]
+            held.append(plans)
+
+    run_cluster(rank_processes, ranks_on(cluster_data, nodes, PER_NODE, "node"), EPOCHS, check)
+    ratio = egress(nodes) / cluster_data.total_bytes
+    print(f"cluster S3 egress, node placement, {EPOCHS} epochs: {ratio:.3f}x the dataset")
+    assert ratio <= 1.10, f"node placement downloaded {ratio:.3f}x the dataset"
+    for node, share in zip(nodes, shares, strict=True):
+        assert {s["url"] for s in node.shards()} <= share  # a node only ever fetched its own shards
+
+
+def test_global_placement_downloads_clearly_more(
+    cluster_data: ClusterData, start_nodes: Any, rank_processes: Any
+) -> None:
+    nodes = start_cluster(cluster_data, start_nodes)
+    run_cluster(
+        rank_processes, ranks_on(cluster_data, nodes, PER_NODE, "global"), EPOCHS, exactly_once(cluster_data)
+    )
+    ratio = egress(nodes) / cluster_data.total_bytes
+    print(f"cluster S3 egress, global placement, {EPOCHS} epochs: {ratio:.3f}x the dataset")
+    assert ratio >= 1.5, f"global placement downloaded only {ratio:.3f}x the dataset"
+
+
+def progress(rank: int) -> int:
+    """How far rank `rank` got before the checkpoint: not started, mid-shard, several shards, or done."""
+    return [0, 13, 40, 9, 1000, 25, 57, 31][rank % 8]
+
+
+def elastic_resume(
+    data: ClusterData, nodes: list[Node], old_nodes: int, new_nodes: int, context: Any
+) -> tuple[list[str], list[str]]:
+    old = ranks_on(data, nodes[:old_nodes], PER_NODE)
+    new = ranks_on(data, nodes[:new_nodes], PER_NODE)
+    with ProcessPoolExecutor(max(len(old), len(new)), mp_context=context) as pool:
+        parts = list(pool.map(read_part, old, [progress(r.rank) for r in old], timeout=DEADLINE_S))
+        merged = merge_states([state for _, state in parts])
+        rest = list(pool.map(read_rest, new, [merged] * len(new), timeout=DEADLINE_S))
+    return [k for keys, _ in parts for k in keys], [k for keys in rest for k in keys]
+
+
+@pytest.fixture(scope="module")
+def elastic_nodes(
+    cluster_data: ClusterData, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Node]]:
+    """One set of 4 daemons for the elastic resumes (they check what is read, not what is downloaded)."""
+    nodes = NodeSet(tmp_path_factory.mktemp("elastic-nodes"))
+    yield start_cluster(cluster_data, nodes.start)
+    nodes.stop()
+
+
+@pytest.mark.parametrize(("old_nodes", "new_nodes"), [(4, 3), (2, 4)], ids=["4->3 nodes", "2->4 nodes"])
+def test_elastic_resume_on_real_daemons_loses_and_repeats_nothing(
+    cluster_data: ClusterData, elastic_nodes: list[Node], rank_processes: Any, old_nodes: int, new_nodes: int
+) -> None:
+    before = egress(elastic_nodes)
+    seen, rest = elastic_resume(cluster_data, elastic_nodes, old_nodes, new_nodes, rank_processes)
+    assert 0 < len(seen) < sum(cluster_data.keys.values())
+    lost = cluster_data.keys - Counter(seen) - Counter(rest)
+    twice = Counter(seen) + Counter(rest) - cluster_data.keys
+    assert (sum(lost.values()), sum(twice.values())) == (0, 0)
+    print(
+        f"elastic resume {old_nodes}->{new_nodes} nodes: {len(seen)} samples before, {len(rest)} after; "
+        f"S3 egress {(egress(elastic_nodes) - before) / cluster_data.total_bytes:.3f}x the dataset"
+    )
