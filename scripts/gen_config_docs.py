@@ -57,10 +57,12 @@ prefetch_depth = 2
 max_fetches = 4
 ```
 
-The trainer side reads two variables. `SHARDCACHE_SOCKET` is the socket the client connects to; unset, the
-client uses the system daemon's `/run/shardcache/shardcache.sock` when it exists, else the per-user socket
-(`$XDG_RUNTIME_DIR/shardcache.sock`, else `/tmp/shardcache-<uid>/shardcache.sock`). `SHARDCACHE_JOB` names
-the job in plans and telemetry (default: the script's name and a hash of the shards, see metrics.md).
+The trainer side reads three variables. `SHARDCACHE_SOCKET` is the socket the client connects to; unset,
+the client uses the system daemon's `/run/shardcache/shardcache.sock` when it exists, else the per-user
+socket (`$XDG_RUNTIME_DIR/shardcache.sock`, else `/tmp/shardcache-<uid>/shardcache.sock`). `SHARDCACHE_JOB`
+names the job in plans and telemetry (default: the script's name and a hash of the shards, see metrics.md).
+`SHARDCACHE_RESTART_WAIT_S` is how long a trainer waits for a restarting daemon (default 30 s; see
+deploy.md, "Restarts and upgrades").
 """
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -37,6 +38,7 @@ _V1 = protocol.API_PREFIX
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
 DEFAULT_RESTART_WAIT_S = 30.0
+RESTART_WAIT_ENV = "SHARDCACHE_RESTART_WAIT_S"
 # While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.
 _PROBE_FIRST_S, _PROBE_MAX_S = 0.05, 0.5
 SIZING_RULE = (
@@ -63,7 +65,8 @@ class DaemonClient:
         restart_wait_s: how long an open waits for a daemon that is restarting (it answered 503
             shutting_down, or its socket went away after it answered) before giving up: then a `required`
             client raises `DaemonUnavailable` and an `auto` one reads directly. A `required` client also
-            waits this long for a daemon it has not reached yet. 0 never waits.
+            waits this long for a daemon it has not reached yet. 0 never waits. Default:
+            `SHARDCACHE_RESTART_WAIT_S`, else 30.
         system_socket: the system daemon's socket searched when `socket` and `SHARDCACHE_SOCKET` are
             unset (for tests; default `/run/shardcache/shardcache.sock`).
 
@@ -80,15 +83,14 @@ class DaemonClient:
         timeout: float = 600.0,
         handoff: Handoff = "auto",
         reprobe_interval: float = 5.0,
-        restart_wait_s: float = DEFAULT_RESTART_WAIT_S,
+        restart_wait_s: float | None = None,
         system_socket: str = SYSTEM_SOCKET,
     ) -> None:
         if handoff not in _HANDOFFS:
             raise ConfigError(f"handoff={handoff!r} is not one of {', '.join(map(repr, _HANDOFFS))}")
         if timeout <= 0:
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
-        if restart_wait_s < 0:
-            raise ConfigError(f"restart_wait_s={restart_wait_s!r} must be a number of seconds >= 0")
+        restart_wait_s = _restart_wait(restart_wait_s)
         self.discovery: Discovery = discover(socket, system_socket)
         self.socket = self.discovery.socket
         self.system_socket = system_socket
@@ -501,6 +503,24 @@ class _CountingTransport(Transport):
         if conn is not before:
             self.connects += 1
         return conn
+
+
+def _restart_wait(given: float | None) -> float:
+    """`restart_wait_s` as given, else from `SHARDCACHE_RESTART_WAIT_S`, else the default; checked."""
+    name, value = "restart_wait_s", given
+    if given is None:
+        raw = os.environ.get(RESTART_WAIT_ENV)
+        if not raw:
+            return DEFAULT_RESTART_WAIT_S
+        name = RESTART_WAIT_ENV
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+    if value is None or not value >= 0:
+        shown = os.environ.get(RESTART_WAIT_ENV) if given is None else repr(given)
+        raise ConfigError(f"{name}={shown}: expected a number of seconds >= 0 (0 never waits)")
+    return float(value)
 
 
 def _shutting_down(exc: DaemonRequestError) -> bool:

@@ -78,3 +78,15 @@ def test_an_auto_client_that_never_reached_a_daemon_does_not_wait(
 def test_a_negative_restart_wait_is_refused() -> None:
     with pytest.raises(ConfigError, match="restart_wait_s"):
         DaemonClient("/tmp/x.sock", restart_wait_s=-1)
+
+
+def test_the_restart_wait_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDCACHE_RESTART_WAIT_S", "120")
+    assert DaemonClient("/tmp/x.sock").restart_wait_s == 120
+    assert DaemonClient("/tmp/x.sock", restart_wait_s=5).restart_wait_s == 5
+
+
+def test_a_malformed_restart_wait_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDCACHE_RESTART_WAIT_S", "soon")
+    with pytest.raises(ConfigError, match="SHARDCACHE_RESTART_WAIT_S=soon"):
+        DaemonClient("/tmp/x.sock")
