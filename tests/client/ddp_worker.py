@@ -75,7 +75,10 @@ def main() -> None:
     parser.add_argument("--stop-after", type=int, default=None, help="stop epoch 0 after this many steps")
     parser.add_argument("--resume", type=Path, default=None, help="a JSON file of each rank's loader state")
     parser.add_argument("--pg-timeout", type=float, default=60.0)
+    parser.add_argument("--local-world-size", type=int, default=0, help="simulate nodes of this many ranks")
     args = parser.parse_args()
+    if args.local_world_size:
+        os.environ["LOCAL_WORLD_SIZE"] = str(args.local_world_size)  # what torchrun sets on each node
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()

@@ -148,6 +148,22 @@ def test_pad_reads_every_sample_and_marks_at_most_the_bound_in_repeats(sweep: Sw
         assert len(keys) % world_size == 0
 
 
+def test_two_simulated_nodes_count_their_shares_and_take_equal_steps(shards: str, tmp_path: Path) -> None:
+    # 4 ranks told they run 2 per node: node placement, and a counting pass split by node and gathered.
+    modes = ",".join(MODES)
+    reports = torchrun(4, tmp_path, "--shards", shards, "--modes", modes, "--local-world-size", "2")
+    for mode in MODES:
+        steps = [report["modes"][mode][0]["steps"] for report in reports]
+        assert steps == [steps[0]] * 4, f"{mode}: steps per rank {steps}"
+        keys = epoch_keys(reports, mode, 0)
+        real = [key for key in keys if not key.endswith("#pad")]
+        assert len(real) == len(set(real)) and set(real) <= ALL_KEYS
+        if mode == "pad":
+            assert set(real) == ALL_KEYS and len(keys) - TOTAL <= bound(4)
+        else:
+            assert real == keys and TOTAL - len(keys) <= bound(4)
+
+
 def test_a_mid_epoch_resume_under_torchrun_finishes_the_epoch_exactly(
     sweep: Sweep, shards: str, tmp_path: Path
 ) -> None:
