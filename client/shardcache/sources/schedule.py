@@ -18,9 +18,7 @@ instead of the same shards at epoch + 1, so the daemon prefetches the next chunk
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-JOB_ENV = "SHARDCACHE_JOB"
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
 PLAN_OPTIONS = ("plan_following", "job", "node_owners")
@@ -74,15 +71,10 @@ def slot_order(
 
 
 def job_id(urls: Sequence[str], seed: int) -> str:
-    """`SHARDCACHE_JOB`, else a stable hash of the shard list and seed (same on every rank)."""
-    from_env = os.environ.get(JOB_ENV)
-    if from_env:
-        return from_env
-    digest = hashlib.sha256(f"{seed}\n".encode())
-    for url in urls:
-        digest.update(url.encode())
-        digest.update(b"\n")
-    return f"job-{digest.hexdigest()[:16]}"
+    """The daemon job id of a dataset: the same on every rank and worker (see `shardcache.jobs`)."""
+    from shardcache.jobs import default_job
+
+    return default_job(urls, seed)
 
 
 def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:
