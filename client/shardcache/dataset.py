@@ -126,9 +126,11 @@ class Dataset:
                 that are corrupt, missing or still failing after the daemon's retries; tars, jsonl,
                 parquet); tars `sidecars`, `on_corrupt` ("raise"|"skip", corrupt shards only); jsonl
                 `ref_fields`; parquet `columns`, `batch_size`, `use_threads`; lance `columns`,
-                `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan"). Every kind also takes the
-                planning hints `job` (the daemon job id) and `plan_following` ((epoch, urls) groups read
-                after this dataset); `mini_epochs` sets both, and neither changes the data or fingerprint.
+                `batch_size`, `shuffle_mode` ("none"|"global"|"random_scan"), `storage_options` (for
+                lance's object store; s3:// URIs get the endpoint, region and keys of the AWS
+                environment), `even`. Every kind also takes the planning hints `job` (the daemon job id)
+                and `plan_following` ((epoch, urls) groups read after this dataset); `mini_epochs` sets
+                both, and neither changes the data or fingerprint.
                 Shard kinds (tars, jsonl, parquet) take the partitioning options (see
                 `shardcache.sources.partition` and docs/cluster.md): `placement` ("auto": "node" when the
                 context spans several nodes, else "global"; "node": each node keeps a fixed share of the
