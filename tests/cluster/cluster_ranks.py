@@ -25,6 +25,7 @@ class Rank:
     socket: str
     shards: tuple[ShardRef, ...]
     placement: str = "auto"
+    exchange: float = 0.0
     seed: int = 0
 
     @property
@@ -41,6 +42,7 @@ class Rank:
             context=ctx,
             daemon=DaemonClient(socket=self.socket, required=True),
             placement=self.placement,
+            **({"exchange": self.exchange} if self.exchange else {}),
         )
 
 

@@ -14,6 +14,7 @@ import queue
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,24 @@ def test_global_placement_downloads_clearly_more(
     ratio = egress(nodes) / cluster_data.total_bytes
     print(f"cluster S3 egress, global placement, {EPOCHS} epochs: {ratio:.3f}x the dataset")
     assert ratio >= 1.5, f"global placement downloaded only {ratio:.3f}x the dataset"
+
+
+def test_exchange_downloads_about_that_fraction_more_per_epoch(
+    cluster_data: ClusterData, start_nodes: Any, rank_processes: Any
+) -> None:
+    nodes = start_cluster(cluster_data, start_nodes)
+    ranks = [replace(rank, exchange=0.1) for rank in ranks_on(cluster_data, nodes, PER_NODE, "node")]
+    ratios: list[float] = []
+    once = exactly_once(cluster_data)
+
+    def check(epoch: int, keys: dict[int, list[str]]) -> None:
+        once(epoch, keys)
+        ratios.append(egress(nodes) / cluster_data.total_bytes)
+
+    run_cluster(rank_processes, ranks, EPOCHS, check)
+    print(f"cluster S3 egress, exchange=0.1, after each epoch: {[round(r, 3) for r in ratios]}x the dataset")
+    # Each later epoch moves another ~10% of the units (48 shards: a few) to other nodes for one epoch.
+    assert 1.05 <= ratios[-1] <= 1.5
 
 
 def progress(rank: int) -> int:
