@@ -189,9 +189,8 @@ def loader(tars: list[str], ctx: RuntimeContext, workers: int) -> Any:
     from shardcache import TorchLoader
 
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx).map(key_of)
-    return TorchLoader(
-        ds, num_workers=workers, batch_size=3, collate_fn=identity, multiprocessing_context=worker_context()
-    )
+    processes = {"multiprocessing_context": worker_context()} if workers else {}
+    return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **processes)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -215,3 +214,38 @@ def test_torchloader_elastic_resume_from_2_to_4_workers_reads_every_remaining_sa
         rest += [k for batch in resumed for k in batch]
     assert len(seen) == 21
     assert Counter(seen) + Counter(rest) == ALL
+
+
+def test_torchloader_merged_state_on_the_same_topology_resumes_the_uninterrupted_order(
+    tars: list[str],
+) -> None:
+    pytest.importorskip("torch.utils.data")
+    ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]
+    uninterrupted = [[k for batch in loader(tars, ctx, workers=2) for k in batch] for ctx in ranks]
+    heads: list[list[str]] = []
+    states = []
+    for ctx in ranks:
+        it = iter(loader(tars, ctx, workers=2))
+        heads.append([k for batch in itertools.islice(it, 3) for k in batch])
+        states.append(it.state_dict())
+        it.close()
+    merged = merge_states(states)
+    for ctx, head, full in zip(ranks, heads, uninterrupted, strict=True):
+        resumed = loader(tars, ctx, workers=2)
+        resumed.load_state_dict(merged)
+        assert head + [k for batch in resumed for k in batch] == full
+
+
+def test_torchloader_elastic_resume_through_a_loader_side_shuffle_is_refused_naming_it(
+    tars: list[str],
+) -> None:
+    pytest.importorskip("torch.utils.data")
+    states = []
+    for r in range(2):
+        it = iter(loader(tars, RuntimeContext(rank=r, world_size=2, local_world_size=1), 0).shuffle(4))
+        next(it)
+        states.append(it.state_dict())
+    resumed = loader(tars, RuntimeContext(rank=0, world_size=3, local_world_size=1), 0).shuffle(4)
+    resumed.load_state_dict(merge_states(states))
+    with pytest.raises(UnsupportedResume, match=r"shuffle"):
+        next(iter(resumed))
