@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
+from shardcached.checksums import normalize_checksum
 from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, NoRoom, ShuttingDown
-from shardcached.fetcher import Fetcher, RemoteInfo, normalize_checksum
+from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shardcached.fetcher import file_matches, normalize_checksum
+from shardcached.checksums import file_matches, normalize_checksum
 from shardcached.space import Space
 from shardcached.store import Entry, Store
 
