@@ -15,6 +15,7 @@ from shardcache.sources.tarfmt import (
     iter_members_stream,
     iter_tar_samples,
     iter_tar_samples_stream,
+    sample_offset,
     split_key,
 )
 
@@ -144,3 +145,43 @@ def test_key_dot_level_splits_key_and_field() -> None:
     assert split_key("dir/abc.extra.jpg", 2) == ("abc.extra", "jpg")
     assert split_key("noext", 1) is None
     assert split_key("__meta__", 1) is None
+
+
+def _mixed_members() -> list[tuple[str, bytes]]:
+    members: list[tuple[str, bytes]] = [("__meta__.json", b"{}")]
+    for i in range(12):
+        members += [
+            (f"dir/s{i:02d}.jpg", bytes([i]) * (100 + 600 * (i % 3))),
+            (f"dir/s{i:02d}.cls", b"%d" % i),
+        ]
+        if i == 5:
+            members.append(("dir/nokey", b"ignored"))  # no field: not part of any sample
+    return members
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("start", [0, 1, 5, 6, 11, 12, 20])
+def test_samples_from_a_start_index_match_skipping_by_parsing(tmp_path: Path, fmt: int, start: int) -> None:
+    path = write_tar(tmp_path / "t.tar", _mixed_members(), fmt)
+    data = path.read_bytes()
+    everything = list(iter_tar_samples(data, "t.tar"))
+    assert list(iter_tar_samples(data, "t.tar", start=start)) == everything[start:]
+
+
+def test_header_walk_finds_the_start_of_a_sample_without_parsing_samples(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", _mixed_members())
+    data = path.read_bytes()
+    third = list(iter_tar_samples(data, "t.tar"))[3]["__key__"]
+    offset = sample_offset(data, "t.tar", 3)
+    assert offset is not None
+    assert data[offset : offset + 7] == b"dir/" + str(third).encode()
+
+
+def test_header_walk_leaves_corrupt_headers_to_the_parser(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "t.tar", _mixed_members())
+    data = bytearray(path.read_bytes())
+    header = data.index(b"dir/s04.jpg")
+    data[header + 130] ^= 0x01  # that header's size field: its checksum no longer matches
+    assert sample_offset(bytes(data), "t.tar", 8) is None
+    with pytest.raises(CorruptShardError, match="t.tar"):
+        list(iter_tar_samples(bytes(data), "t.tar", start=8))

@@ -68,11 +68,12 @@ class TarsSource(SourceNode):
         url = unit.ref.url
         # A corrupt shard raises CorruptShardError; the base class skips it under on_corrupt/on_error="skip".
         with ExitStack() as stack:
-            samples = self._open(stack, unit.ref, plan, level)
             if sidecars:
+                samples = self._open(stack, unit.ref, plan, level)
                 samples = self._zip_sidecars(stack, samples, url, sidecars, level, plan)
-            if start:
-                samples = itertools.islice(samples, start, None)
+                samples = itertools.islice(samples, start, None) if start else samples
+            else:  # the mmap path finds sample `start` by walking headers (tarfmt.sample_offset)
+                samples = self._open(stack, unit.ref, plan, level, start)
             yield from samples
 
     def opened_urls(self, unit: Unit) -> list[str]:
@@ -80,20 +81,21 @@ class TarsSource(SourceNode):
         return [unit.ref.url, *(fn(unit.ref.url) for _, fn in sidecars)]
 
     def _open(
-        self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int
+        self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int, start: int = 0
     ) -> Iterator[dict[str, Any]]:
         raw: IO[bytes]
         if compression_of(ref.url) is None:
             with filesystem_extra(ref.url):
                 buf = stack.enter_context(self.opener.open_buffer(ref, plan))
             if isinstance(buf, mmap.mmap):  # the fast path; never empty (an empty file cannot be mapped)
-                return iter_tar_samples(buf, ref.url, level)
+                return iter_tar_samples(buf, ref.url, level, start)
             raw = buf
         else:  # streamed through the decompressor (see `sources.compression` for why)
             with filesystem_extra(ref.url):
                 raw = stack.enter_context(self.opener.open(ref, plan))
         stream, source = decompressed_stream(raw, ref.url)
-        return warn_if_nothing_read(iter_tar_samples_stream(stream, ref.url, level), source, ref.url)
+        samples = warn_if_nothing_read(iter_tar_samples_stream(stream, ref.url, level), source, ref.url)
+        return itertools.islice(samples, start, None) if start else samples
 
     def _zip_sidecars(
         self,
