@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from shardcached.dirlock import LOCK_NAME
 from support.devservers import Daemon, stop_process
 
 from .support import api, metric, wait_for
@@ -53,7 +54,9 @@ def run_load(daemon: Daemon, urls: list[str], tmp_path: Path) -> dict[str, Any]:
                 on_disk = 0
                 for path in daemon.cache_dir.iterdir():
                     try:
-                        if not path.name.startswith(".tmp-") and not path.name.endswith(".meta.json"):
+                        if not path.name.startswith((".tmp-", LOCK_NAME)) and not path.name.endswith(
+                            ".meta.json"
+                        ):
                             on_disk += path.stat().st_size  # published shard data (temp files are reserved)
                     except FileNotFoundError:
                         pass  # evicted while we looked
