@@ -238,7 +238,7 @@ def remaining_pieces(
             current = pieces[pos]
             start = current.start + index
             if current.stop is None or start < current.stop:
-                left.append(Piece(current.unit, start, current.stop))
+                left.append(Piece(current.unit, start, current.stop, current.pad))
             left.extend(pieces[pos + 1 :])
     return [_sized(Piece(p.unit, p.start, p.stop), counts) for p in left if not p.pad]
 

@@ -249,3 +249,28 @@ def test_torchloader_elastic_resume_through_a_loader_side_shuffle_is_refused_nam
     resumed.load_state_dict(merge_states(states))
     with pytest.raises(UnsupportedResume, match=r"shuffle"):
         next(iter(resumed))
+
+
+@pytest.mark.parametrize("even", [None, "pad"])
+def test_a_second_elastic_resume_reads_every_remaining_sample_exactly_once(
+    tars: list[str], even: str | None
+) -> None:
+    # 4 nodes x 1 rank x 3 workers -> 3 x 1 x 1 -> 1 x 1 x 1; under pad one new slot stops inside a piece
+    # of repeated samples, whose rest must stay marked as a repeat (it was read again as a real sample).
+    steps = [((4, 1, 3), [0, 8, 12, 12, 12, 12, 12, 12, 12, 12, 12, 11]), ((3, 1, 1), [0, 0, 5])]
+    merged: dict[str, Any] | None = None
+    real: Counter[str] = Counter()
+    for topology, limits in steps:
+        states = []
+        for ctx, limit in zip(contexts(*topology), limits, strict=True):
+            ds = dataset(tars, even=even)
+            if merged is not None:
+                ds.load_state_dict(merged)
+            it = ds.iter_context(ctx)
+            real.update(s["__key__"] for s in itertools.islice(it, limit) if not s.get("__pad__"))
+            states.append(it.state_dict())
+        merged = merge_states(states)
+    assert merged is not None
+    for slot in resume(tars, merged, contexts(1, 1), even=even):
+        real.update(s["__key__"] for s in slot if not s.get("__pad__"))
+    assert real == ALL
