@@ -177,7 +177,7 @@ def test_header_walk_finds_the_start_of_a_sample_without_parsing_samples(tmp_pat
     assert data[offset : offset + 7] == b"dir/" + str(third).encode()
 
 
-def test_header_walk_leaves_corrupt_headers_to_the_parser(tmp_path: Path) -> None:
+def test_a_corrupt_header_before_the_start_still_fails_the_read(tmp_path: Path) -> None:
     path = write_tar(tmp_path / "t.tar", _mixed_members())
     data = bytearray(path.read_bytes())
     header = data.index(b"dir/s04.jpg")

@@ -205,7 +205,12 @@ def exchanged(owner: list[int], fraction: float, groups: int, seed: int, epoch: 
 
 
 def cut(pieces: Sequence[Piece], lengths: Sequence[int]) -> list[list[Piece]]:
-    """Consecutive slices of `lengths` samples of the piece stream (pieces split at the boundaries)."""
+    """Consecutive slices of `lengths` samples of the piece stream (pieces split at the boundaries).
+
+    A piece split between two slices gives the slice that needs more than half of it its tail, so the
+    reader that must start inside the unit (a tar reader walks the headers before its first sample) skips
+    at most half of it.
+    """
     out: list[list[Piece]] = []
     it = iter(pieces)
     current: Piece | None = None
@@ -222,9 +227,14 @@ def cut(pieces: Sequence[Piece], lengths: Sequence[int]) -> list[list[Piece]]:
                 part.append(current)
                 need -= size
                 current = None
-            else:
+            elif need <= size // 2:
                 part.append(Piece(current.unit, current.start, current.start + need, current.pad))
                 current = Piece(current.unit, current.start + need, current.stop, current.pad)
+                need = 0
+            else:  # take the tail: whoever starts inside the unit then skips the smaller part of it
+                stop = current.size + current.start
+                part.append(Piece(current.unit, stop - need, stop, current.pad))
+                current = Piece(current.unit, current.start, stop - need, current.pad)
                 need = 0
         out.append([p for p in part if p.size])
     return out

@@ -143,10 +143,11 @@ class _MemberNames:
         return member
 
 
-def iter_members(buf: Buffer, shard: str) -> Iterator[tuple[str, int, int]]:
-    """Yield (name, offset, size) of each regular file in a tar held in `buf` (an mmap or bytes)."""
+def iter_members(buf: Buffer, shard: str, offset: int = 0) -> Iterator[tuple[str, int, int]]:
+    """Yield (name, offset, size) of each regular file in a tar held in `buf` (an mmap or bytes), from the
+    header at `offset` on."""
     n = len(buf)
-    pos = 0
+    pos = offset
     names = _MemberNames(shard)
     while pos < n:
         if pos + BLOCK > n:
@@ -255,8 +256,9 @@ def sample_offset(buf: Buffer, shard: str, skip: int, key_dot_level: int = 1) ->
     caller then skips by parsing, which raises on corrupt data.
 
     Why: equal work per rank (`even=`) starts some readers in the middle of a shard. Parsing every sample
-    before that point costs about as much as reading it; this walk reads the size, type and name of each
-    header and verifies its checksum, about 3-4x faster, so the skipped part costs little.
+    before that point costs about as much as reading it; this walk reads only the name, size and type of
+    each header (and verifies its checksum: a wrong size would land it off a header boundary, or on the
+    wrong sample), about 3x cheaper than parsing the samples.
     """
     if key_dot_level != 1 or skip <= 0:
         return 0 if skip <= 0 else None
@@ -266,7 +268,7 @@ def sample_offset(buf: Buffer, shard: str, skip: int, key_dot_level: int = 1) ->
     current: bytes | None = None
     while pos + BLOCK <= n:
         header = buf[pos : pos + BLOCK]
-        if header == _ZERO_BLOCK or header[156] not in _REGULAR or not _checksum_ok(header):
+        if header[0] == 0 or header[156] not in _REGULAR or not _checksum_ok(header):
             return None
         try:
             size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
@@ -291,22 +293,8 @@ def iter_tar_samples(
     offset = sample_offset(buf, shard, start, key_dot_level) if start else 0
     if offset is None:  # skip by parsing (see sample_offset)
         return itertools.islice(iter_tar_samples(buf, shard, key_dot_level), start, None)
-    view = buf if offset == 0 else _Tail(buf, offset)
-    members = ((m, view[o : o + s]) for m, o, s in iter_members(view, shard))
+    members = ((m, buf[o : o + s]) for m, o, s in iter_members(buf, shard, offset))
     return group_samples(members, shard, key_dot_level, first_index=start)
-
-
-class _Tail:
-    """`buf` from `offset` on, without a copy (slices are shifted)."""
-
-    def __init__(self, buf: Buffer, offset: int) -> None:
-        self.buf, self.offset = buf, offset
-
-    def __len__(self) -> int:
-        return len(self.buf) - self.offset
-
-    def __getitem__(self, key: slice, /) -> bytes:
-        return self.buf[key.start + self.offset : key.stop + self.offset]
 
 
 def iter_tar_samples_stream(f: IO[bytes], shard: str, key_dot_level: int = 1) -> Iterator[dict[str, object]]:
