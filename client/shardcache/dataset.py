@@ -318,7 +318,7 @@ class Dataset:
         if self._source.kind == "mix" or any(stage.kind == "cache" for stage in self._stages):
             return  # a mix's members count when they are read; a cached dataset's rows are lance's
         node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
-        if not isinstance(node, SourceNode) or not node.partitionable:
+        if not isinstance(node, SourceNode) or not node.partitionable or node.counted_by_metadata:
             return
         if node.partitioning.even is not None:
             from shardcache.subsets import select_units

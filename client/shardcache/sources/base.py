@@ -103,6 +103,8 @@ class SourceNode(Node):
     uses_daemon = True
     # Whether `shardcache.sources.partition` deals this kind's units (lance plans its own rows).
     partitionable = True
+    # Whether every unit's sample count comes with its metadata (parquet footers): no counting pass.
+    counted_by_metadata = False
 
     def __init__(self, spec: SourceSpec, ctx: RuntimeContext, facts: RunFacts | None = None) -> None:
         super().__init__()
