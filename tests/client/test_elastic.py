@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pipeline_support import worker_context
 
 from conftest import make_tar_shard
@@ -274,3 +276,49 @@ def test_a_second_elastic_resume_reads_every_remaining_sample_exactly_once(
     for slot in resume(tars, merged, contexts(1, 1), even=even):
         real.update(s["__key__"] for s in slot if not s.get("__pad__"))
     assert real == ALL
+
+
+topologies = st.tuples(st.integers(1, 4), st.integers(1, 2), st.integers(1, 3))  # nodes, ranks/node, workers
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    first=topologies,
+    second=topologies,
+    last=topologies,
+    placement=st.sampled_from(["auto", "global"]),
+    even=st.sampled_from([None, "drop", "pad"]),
+    data=st.data(),
+)
+def test_any_chain_of_elastic_resumes_reads_no_sample_twice_and_loses_only_drops(
+    tars: list[str],
+    first: tuple[int, int, int],
+    second: tuple[int, int, int],
+    last: tuple[int, int, int],
+    placement: str,
+    even: str | None,
+    data: st.DataObject,
+) -> None:
+    options: dict[str, Any] = {"placement": placement, "even": even}
+    merged: dict[str, Any] | None = None
+    real: Counter[str] = Counter()
+    ranks = 0
+    for step, topology in enumerate((first, second, last)):
+        ctxs = contexts(*topology)
+        ranks += topology[0] * topology[1]
+        limit_of = st.integers(0, 40) if step < 2 else st.just(10**6)  # the last one reads to the end
+        limits = data.draw(st.lists(limit_of, min_size=len(ctxs), max_size=len(ctxs)))
+        states = []
+        for ctx, limit in zip(ctxs, limits, strict=True):
+            ds = dataset(tars, **options)
+            if merged is not None:
+                ds.load_state_dict(merged)
+            it = ds.iter_context(ctx)
+            real.update(s["__key__"] for s in itertools.islice(it, limit) if not s.get("__pad__"))
+            states.append(it.state_dict())
+        merged = merge_states(states)
+    assert max(real.values()) == 1 and set(real) <= set(ALL)
+    if even == "drop":
+        assert sum(ALL.values()) - len(real) < ranks  # each planning left out fewer than its ranks
+    else:
+        assert real == ALL
