@@ -59,6 +59,10 @@ def everything(counts: Sequence[int]) -> Counter[Sample]:
     return Counter((u, i) for u, c in enumerate(counts) for i in range(c))
 
 
+def moved_fraction(placement: str, exchange: float) -> float:
+    return exchange if placement == "node" else 0.0  # exchange moves units between nodes only
+
+
 @st.composite
 def layouts(draw: st.DrawFn) -> Layout:
     groups = draw(st.integers(1, 4))
@@ -68,15 +72,17 @@ def layouts(draw: st.DrawFn) -> Layout:
 # Unequal units, some of them empty: the cut must still be exact.
 unit_counts = st.lists(st.integers(0, 17), min_size=1, max_size=40)
 PLACEMENTS = ("global", "node")
+# Node placement may move a fraction of the units to other nodes for one epoch; exactness must not change.
+exchanges = st.sampled_from([0.0, 0.1, 0.5])
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @settings(max_examples=60, deadline=None)
-@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3))
+@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3), exchange=exchanges)
 def test_without_even_every_sample_is_read_exactly_once(
-    placement: str, counts: list[int], layout: Layout, epoch: int
+    placement: str, counts: list[int], layout: Layout, epoch: int, exchange: float
 ) -> None:
-    slots = plan(counts, layout, placement, None, epoch=epoch)
+    slots = plan(counts, layout, placement, None, exchange=moved_fraction(placement, exchange), epoch=epoch)
     assert len(slots) == layout.total_slots
     read = Counter(s for slot in slots for s in samples(slot))
     assert read == everything(counts)
@@ -85,11 +91,11 @@ def test_without_even_every_sample_is_read_exactly_once(
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @settings(max_examples=60, deadline=None)
-@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3))
+@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3), exchange=exchanges)
 def test_drop_gives_every_rank_the_same_count_and_drops_fewer_than_the_ranks(
-    placement: str, counts: list[int], layout: Layout, epoch: int
+    placement: str, counts: list[int], layout: Layout, epoch: int, exchange: float
 ) -> None:
-    slots = plan(counts, layout, placement, "drop", epoch=epoch)
+    slots = plan(counts, layout, placement, "drop", moved_fraction(placement, exchange), epoch=epoch)
     ranks = per_rank(slots, layout)
     sizes = {len(samples(r)) for r in ranks}
     assert sizes == {sum(counts) // layout.ranks}
@@ -102,12 +108,12 @@ def test_drop_gives_every_rank_the_same_count_and_drops_fewer_than_the_ranks(
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @settings(max_examples=60, deadline=None)
-@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3))
+@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3), exchange=exchanges)
 def test_pad_gives_every_rank_the_same_count_and_marks_fewer_repeats_than_the_ranks(
-    placement: str, counts: list[int], layout: Layout, epoch: int
+    placement: str, counts: list[int], layout: Layout, epoch: int, exchange: float
 ) -> None:
     total = sum(counts)
-    slots = plan(counts, layout, placement, "pad", epoch=epoch)
+    slots = plan(counts, layout, placement, "pad", moved_fraction(placement, exchange), epoch=epoch)
     ranks = per_rank(slots, layout)
     assert {len(samples(r)) for r in ranks} == {-(-total // layout.ranks)}
     originals = Counter(s for slot in slots for s in samples(slot, pad=False))
@@ -120,11 +126,11 @@ def test_pad_gives_every_rank_the_same_count_and_marks_fewer_repeats_than_the_ra
 @pytest.mark.parametrize("even", ["drop", "pad"])
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @settings(max_examples=40, deadline=None)
-@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3))
+@given(counts=unit_counts, layout=layouts(), epoch=st.integers(0, 3), exchange=exchanges)
 def test_even_gives_every_rank_the_same_worker_split(
-    placement: str, even: str, counts: list[int], layout: Layout, epoch: int
+    placement: str, even: str, counts: list[int], layout: Layout, epoch: int, exchange: float
 ) -> None:
-    slots = plan(counts, layout, placement, even, epoch=epoch)
+    slots = plan(counts, layout, placement, even, moved_fraction(placement, exchange), epoch=epoch)
     splits = {
         tuple(len(samples(slots[r * layout.workers + w])) for w in range(layout.workers))
         for r in range(layout.ranks)
