@@ -21,6 +21,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_stall", [], ["--shards", "4"]),
     ("bench.bench_cache", [], ["--shards", "2", "--samples", "100", "--repeats", "1"]),
     ("bench.bench_cluster", [], ["--quick"]),
+    ("bench.bench_cluster_daemons", [], ["--quick"]),
 ]
 
 
