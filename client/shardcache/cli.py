@@ -25,7 +25,6 @@ from pathlib import Path
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable, ShardcacheError
 from shardcache.formatting import human_bytes
-from shardcache.transport import _describe as describe_socket_error
 
 logger = logging.getLogger(__name__)
 
@@ -257,11 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(client, args))
     except DaemonUnavailable as exc:
-        cause = exc.__cause__
-        reason = describe_socket_error(cause) if cause is not None else "it does not answer"
+        # The socket and the reason, with this tool's advice (the exception's own is for Python callers).
         print(
-            f"shardcache {args.command}: no shardcached daemon answers on {exc.socket} ({reason}); start "
-            "shardcached, or give its socket with --socket PATH or the SHARDCACHE_SOCKET environment "
+            f"shardcache {args.command}: no shardcached daemon answers on {exc.socket} ({exc.reason}); "
+            "start shardcached, or give its socket with --socket PATH or the SHARDCACHE_SOCKET environment "
             "variable",
             file=sys.stderr,
         )

@@ -23,6 +23,7 @@ from shardcache import protocol
 from shardcache.control import ControlClient
 from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover, rediscover
 from shardcache.errors import (
+    START_DAEMON,
     ConfigError,
     DaemonError,
     DaemonRequestError,
@@ -44,6 +45,10 @@ DEFAULT_RESTART_WAIT_S = 30.0
 RESTART_WAIT_ENV = "SHARDCACHE_RESTART_WAIT_S"
 # While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.
 _PROBE_FIRST_S, _PROBE_MAX_S = 0.05, 0.5
+_REQUIRED_ADVICE = (
+    f'{START_DAEMON[:-1]}; or pass daemon="auto" to read shards directly while no daemon answers, or '
+    "daemon=None to read them directly always."
+)
 SIZING_RULE = (
     "size the cache (shardcached --capacity) for at least concurrent readers x largest shard x "
     "(prefetch depth + 1); see 'Sizing the cache' in docs/deploy.md"
@@ -262,7 +267,8 @@ class DaemonClient:
 
     def _gave_up(self, failure: DaemonError) -> None:
         """The daemon did not come back within `restart_wait_s`: raise (required) or read directly."""
-        reason = f"it did not come back within {self.restart_wait_s:g}s (restart_wait_s) after: {failure}"
+        cause = failure.reason if isinstance(failure, DaemonUnavailable) else str(failure)
+        reason = f"it did not come back within {self.restart_wait_s:g}s (restart_wait_s) after: {cause}"
         self._went_down(DaemonUnavailable(self.socket, reason))
 
     def _cannot_fit(self, url: str, exc: InsufficientCapacity) -> None:
@@ -382,17 +388,28 @@ class DaemonClient:
             self._transport.socket_path = self._control.socket_path = found.socket
 
     def _went_down(self, exc: DaemonError) -> None:
+        """No daemon to go on with: raise (`required`), or read directly and warn once (`auto`)."""
         if self.required:
+            if isinstance(exc, DaemonUnavailable):
+                # The advice for the caller that chose `required`, with the sockets searched.
+                tried = self.discovery.describe()
+                reason = exc.reason if tried == exc.socket else f"{exc.reason}; sockets tried: {tried}"
+                raise DaemonUnavailable(exc.socket, reason, _REQUIRED_ADVICE) from exc.__cause__
             raise exc
         with self._state_lock:
             first = self._down_at is None
             self._down_at = time.monotonic()
         if first:
+            what, advice = str(exc), ""
+            if isinstance(exc, DaemonUnavailable):  # its own advice follows the sockets tried
+                what = f"no shardcached daemon answers on {exc.socket}: {exc.reason}"
+                advice = f"{START_DAEMON} "
             logger.warning(
                 "%s (sockets tried: %s); reading shards directly (no node cache) until it answers again. "
-                'Pass daemon="required" to make this an error.',
-                exc,
+                '%sPass daemon="required" to make this an error.',
+                what,
                 self.discovery.describe(),
+                advice,
             )
 
     def _came_up(self) -> None:

@@ -32,15 +32,28 @@ class DaemonError(ShardcacheError):
     """The daemon could not serve a request."""
 
 
-class DaemonUnavailable(DaemonError):
-    """No daemon answers on the socket."""
+START_DAEMON = "Start the daemon (`shardcached`), or point SHARDCACHE_SOCKET at its socket."
 
-    def __init__(self, socket: str, reason: str) -> None:
-        super().__init__(
-            f"no shardcached daemon answers on {socket}: {reason}. Start the daemon (`shardcached`), "
-            f"point SHARDCACHE_SOCKET at its socket, or pass daemon=None to read shards directly."
-        )
+
+class DaemonUnavailable(DaemonError):
+    """No daemon answers on the socket.
+
+    Attributes:
+        socket: the socket path that was tried.
+        reason: why it failed, in words: "the socket does not exist", "connection refused (the daemon is
+            not running)", "no answer within 600s", ... A command-line tool prints `socket` and `reason`
+            with advice of its own (its flags) instead of the message, whose advice is for Python callers.
+        advice: what to do, the end of the message.
+    """
+
+    def __init__(self, socket: str, reason: str, advice: str = START_DAEMON) -> None:
+        super().__init__(f"no shardcached daemon answers on {socket}: {reason}. {advice}")
         self.socket = socket
+        self.reason = reason
+        self.advice = advice
+
+    def __reduce__(self) -> tuple[type[DaemonUnavailable], tuple[str, str, str]]:
+        return type(self), (self.socket, self.reason, self.advice)  # picklable across processes
 
 
 class DaemonRequestError(DaemonError):

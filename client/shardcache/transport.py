@@ -362,6 +362,3 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, PermissionError):
         return "permission denied (join the daemon's group or check the socket's mode)"
     return f"{type(exc).__name__}: {exc}"
-
-
-_describe = describe  # the name cli.py imports

@@ -302,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except DaemonUnavailable as exc:
         print(
-            f"shardcache demo failed: no shardcached daemon answers on {exc.socket}; start it, or leave out "
-            "--socket and the demo starts its own",
+            f"shardcache demo failed: no shardcached daemon answers on {exc.socket} ({exc.reason}); start "
+            "it, or leave out --socket and the demo starts its own",
             file=sys.stderr,
         )
         return 1
