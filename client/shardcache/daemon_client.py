@@ -31,6 +31,7 @@ from shardcache.errors import (
     InsufficientCapacity,
     RemoteNotFound,
 )
+from shardcache.extras import filesystem_extra
 from shardcache.transport import RELEASE_HEADER, Response, Transport
 
 logger = logging.getLogger(__name__)
@@ -589,11 +590,20 @@ def local_path_of(url: str) -> str | None:
 
 
 def open_direct(url: str) -> contextlib.AbstractContextManager[BinaryIO]:
-    """Open a shard without the daemon: local paths with `open()`, anything else with fsspec."""
+    """Open a shard without the daemon: local paths with `open()`, anything else with fsspec.
+
+    Every direct read goes through here (`daemon=None`, an `auto` client without a daemon, a shard too
+    big for the cache), so this is where a missing filesystem package is reported with its extra.
+
+    Raises:
+        ConfigError: the URL's filesystem needs a package that is not installed (s3fs for s3://); the
+            message names the extra, `pip install 'shardcache[s3]'`.
+    """
     path = local_path_of(url)
     if path is not None:
         return open(path, "rb")
     import fsspec  # a core dependency; the protocol's own package (s3fs, ...) is imported by fsspec
 
-    handle: IO[bytes] = fsspec.open(url, "rb").open()
+    with filesystem_extra(url):
+        handle: IO[bytes] = fsspec.open(url, "rb").open()
     return contextlib.closing(cast(BinaryIO, handle))

@@ -120,3 +120,21 @@ def test_tqdm_is_a_dependency_of_every_install() -> None:
     # `shardcache warm` draws a progress bar: tqdm may not sit behind an extra.
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert any(r.startswith("tqdm") for r in pyproject["project"]["dependencies"])
+
+
+def test_a_parquet_file_on_s3_without_s3fs_names_the_s3_extra(tmp_path: Path) -> None:
+    one_line_naming(run_without(["s3fs"], reading("parquet", "s3://bucket/data.parquet"), tmp_path), "s3")
+
+
+def test_the_direct_read_of_an_auto_client_without_a_daemon_names_the_s3_extra(tmp_path: Path) -> None:
+    code = f"""
+        import sys
+        from shardcache.daemon_client import DaemonClient
+        from shardcache.errors import ConfigError
+        try:
+            with DaemonClient({str(tmp_path / "absent.sock")!r}).open("s3://bucket/shard.tar"):
+                pass
+        except ConfigError as exc:
+            sys.exit(str(exc))
+    """
+    one_line_naming(run_without(["s3fs"], code, tmp_path), "s3")
