@@ -3,7 +3,8 @@ cache dir, socket and metrics port), and every rank a process reading through it
 
 4 nodes x 2 ranks, each node's cache 1.15x its share of the dataset, 3 epochs: with node placement the
 cluster downloads the dataset about once; with global placement every node needs other shards each epoch;
-exchange=0.1 costs about a tenth of the dataset per later epoch. A checkpoint mid-epoch resumes on 3 nodes and (from 2) on 4 nodes with nothing lost or read twice.
+exchange=0.1 costs about a tenth of the dataset per later epoch. A checkpoint mid-epoch resumes on 3 nodes
+and (from 2) on 4 nodes with nothing lost or read twice.
 """
 
 from __future__ import annotations
