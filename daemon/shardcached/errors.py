@@ -7,6 +7,7 @@ DaemonError                      root; `status` and `code` are what the single e
 ├── RemoteError          502     the remote failed after retries, refused access, or sent other bytes
 │   └── IntegrityError   502     size or checksum of the downloaded bytes do not match
 ├── ShuttingDown         503     the daemon is stopping; retry against the next daemon
+│   └── Cancelled        503     a download or its retry wait was cut short by the shutdown
 └── InsufficientCapacity 507     the shard cannot fit in the cache
 
 NoRoom (not a DaemonError, never answered): a prefetch found no space it may take; it waits for the next
@@ -63,6 +64,10 @@ class IntegrityError(RemoteError):
 class ShuttingDown(DaemonError):
     status = 503
     code = "shutting_down"
+
+
+class Cancelled(ShuttingDown):
+    """The download was cancelled (daemon shutdown)."""
 
 
 class InsufficientCapacity(DaemonError):

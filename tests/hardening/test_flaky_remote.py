@@ -114,7 +114,7 @@ def test_every_fault_kind_is_retried_and_the_shard_published_whole(make_bucket, 
 
 
 BOTOCORE_RETRIES = (
-    "fetcher.py passes botocore retries={'max_attempts': 1}, which botocore reads as ONE RETRY (max_attempts "
+    "the daemon passes botocore retries={'max_attempts': 1}, which botocore reads as ONE RETRY (max_attempts "
     "counts retries; total_max_attempts counts attempts): every transient error is retried once inside "
     "botocore, invisible to shardcache_fetch_errors_total, with botocore's own backoff. Fix: "
     "{'total_max_attempts': 1, 'mode': 'standard'}"
