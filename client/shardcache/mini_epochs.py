@@ -125,14 +125,14 @@ def mini_epochs(
 def _node_owner(dataset: Dataset, ctx: RuntimeContext) -> list[int] | None:
     """Each shard's node group when the dataset uses node placement (None: global placement)."""
     from shardcache.sources import node_class
-    from shardcache.sources.partition import owners, weights_of
+    from shardcache.sources.partition import PLACEMENT_SEED, owners, weights_of
 
     node = node_class(dataset.source.kind)(dataset.source, ctx)
     if node.partitioning.placement != "node" or ctx.node_groups < 2:
         return None
     shards = dataset.source.shards
     weights = weights_of([ref.num_samples for ref in shards], [ref.size for ref in shards])
-    return owners(weights, ctx.node_groups, ctx.seed)
+    return owners(weights, ctx.node_groups, PLACEMENT_SEED)
 
 
 def _node_chunks(owner: list[int], ctx: RuntimeContext, epoch: int, shards_per_chunk: int) -> list[list[int]]:

@@ -184,13 +184,6 @@ def test_cache_parts_are_the_ranks_node_shares_and_hold_every_sample_once(
     assert rows == [s["__key__"] for c in ctxs for s in read(plain, c)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mixing._MemberPasses.open builds pass j > 0 of a member with seed=pass_seed(seed, j), and node "
-    "placement derives the node shares from the seed (partition.node_members): a slot that runs past its "
-    "first pass (every slot whose share of the counts exceeds its own stream, upsampled or not) reads "
-    "other nodes' shards",
-)
 def test_mix_members_stay_on_each_nodes_share(tars: list[str]) -> None:
     ctxs = contexts(4, 2)
     members = {"a": tars[:12], "b": tars[12:]}

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardcache.sources.partition import owners
+from shardcache.sources.partition import PLACEMENT_SEED, owners
 
 if TYPE_CHECKING:
     from shardcache.sources.base import SourceNode, Unit
@@ -87,7 +87,7 @@ def _count(node: SourceNode, units: list[Unit], missing: list[int]) -> None:
     if dist is not None and int(dist.get_world_size()) > 1:
         mine = missing
         if node.partitioning.placement == "node" and ctx.node_groups > 1:
-            owner = owners(node.weights(units), ctx.node_groups, ctx.seed)
+            owner = owners(node.weights(units), ctx.node_groups, PLACEMENT_SEED)
             mine = [i for i in missing if owner[i] == ctx.node_group]
         ranks_in_group = ctx.dp_size // ctx.node_groups
         local = ctx.dp_rank % ranks_in_group

@@ -42,6 +42,9 @@ from shardcache.errors import ConfigError
 
 PLACEMENTS = ("global", "node")
 EVEN_MODES = ("drop", "pad")
+# Node shares do not depend on the job's seed: a mix's later passes reshuffle with derived seeds, jobs with
+# other seeds over the same shards share the nodes' caches, and only the order within a node is seeded.
+PLACEMENT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -283,8 +286,9 @@ def plan_epoch(
         if fixed_owner is not None:
             owner, rank = list(fixed_owner), {u: u for u in range(len(weights))}
         else:
-            owner = owners(weights, groups, seed)
-            rank = {u: i for i, u in enumerate(u for m in node_members(weights, groups, seed) for u in m)}
+            owner = owners(weights, groups, PLACEMENT_SEED)
+            members = node_members(weights, groups, PLACEMENT_SEED)
+            rank = {u: i for i, u in enumerate(u for m in members for u in m)}
         owner = exchanged(owner, partitioning.exchange, groups, seed, epoch)
         group_lists: list[list[Piece]] = [[] for _ in range(groups)]
         for piece in sorted(universe, key=lambda p: (rank[p.unit], p.start)):
