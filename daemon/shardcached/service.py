@@ -22,12 +22,13 @@ from shardcached.checksums import normalize_checksum
 from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, NoRoom, ShuttingDown
 from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
+from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
 from shardcached.prefetch import Prefetcher
 from shardcached.sizing import SizingCheck
 from shardcached.space import Space
-from shardcached.store import Entry, Store
+from shardcached.store import Store
 from shardcached.verify import ChecksumCheck
 
 logger = logging.getLogger(__name__)

@@ -16,10 +16,11 @@ import os
 from collections.abc import Callable, Iterator
 
 from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
+from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
 from shardcached.policies import prefetch_victim
-from shardcached.store import Entry, Store
+from shardcached.store import Store
 
 logger = logging.getLogger(__name__)
 

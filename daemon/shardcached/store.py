@@ -1,9 +1,8 @@
-"""Shard files under the cache directory: index, atomic publish, recovery, capacity accounting and leases.
+"""The index of resident shards: atomic publish, capacity accounting, partial downloads and leases.
 
-Layout: `<key><suffix>` holds a shard's bytes and `<key>.meta.json` its URL, version, size and checksum.
-Downloads write `.tmp-*` files in the same directory; `finalize` fsyncs and renames them, meta first, so
-a shard is visible only once complete. At start `recover` removes temp files and any data/meta file without
-its partner (or with the wrong size) and rebuilds the index from what is really on disk.
+The files are laid out as layout.py describes; `finalize` fsyncs and renames a download's temp file, meta
+first, so a shard is visible only once complete. At start `recover` rebuilds the index from what is really
+on disk (recovery.py).
 
 A download cut by a graceful shutdown leaves `.part-<key>`: the bytes received so far, fsynced. The key
 holds the remote version, so the next fetch of the same version resumes it (fetcher.py) and a changed
@@ -17,7 +16,6 @@ thread.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -25,39 +23,14 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardcached.errors import NotFound
+from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
+from shardcached.recovery import recover_cache_dir
 
 logger = logging.getLogger(__name__)
-
-TEMP_PREFIX = ".tmp-"
-PART_PREFIX = ".part-"
-META_SUFFIX = ".meta.json"
-PARTIAL_TTL_S = 3600.0  # a partial download nobody resumed within this long is removed
-
-
-@dataclass(eq=False)
-class Entry:
-    """One resident shard."""
-
-    key: str
-    url: str
-    version: str
-    size: int
-    path: Path
-    checksum: str | None = None
-    last_use: float = field(default_factory=time.time)
-    validated_at: float = 0.0
-    leases: int = 0
-    prefetched: bool = False
-    used: bool = False
-    doomed: bool = False
-
-    @property
-    def meta_path(self) -> Path:
-        return self.path.with_name(self.key + META_SUFFIX)
 
 
 @dataclass(eq=False)
@@ -111,67 +84,22 @@ class Store:
     def unreserve(self, size: int) -> None:
         self.reserved_bytes -= size
 
-    # -- recovery and publishing ------------------------------------------------------------------------
+    # -- recovery ---------------------------------------------------------------------------------------
     def recover(self) -> int:
         """Remove leftovers of a crash and rebuild the index from disk; returns the shards found.
 
-        Only regular files count: a symlink (or anything else) planted under a shard's name is removed,
-        never indexed, so the daemon cannot be made to serve a file it did not write. A crash while a stale
-        version was kept for a lease can leave two versions of one URL; the newest is kept.
+        See recovery.py for what is kept: only regular files, whole and with their meta, newest version.
         """
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        names = set(os.listdir(self.cache_dir))
-        data_names: set[str] = set()
-        newest: dict[str, tuple[int, Entry]] = {}
-        for name in sorted(names):
-            path = self.cache_dir / name
-            if name.startswith(TEMP_PREFIX):
-                logger.info("removing temp file left by an interrupted download: %s", path)
-                _remove(path)
-            elif name.startswith(PART_PREFIX):
-                self._recover_partial(path)
-            elif name.endswith(META_SUFFIX):
-                loaded = self._load_meta(path, names)
-                if loaded is None:
-                    _remove(path)
-                    continue
-                entry, written_ns = loaded
-                data_names.add(entry.path.name)
-                kept = newest.get(entry.url)
-                if kept is not None and kept[0] >= written_ns:
-                    older: Entry | None = entry
-                else:
-                    newest[entry.url] = (written_ns, entry)
-                    older = kept[1] if kept is not None else None
-                if older is not None:
-                    logger.info("removing an older version of %s: %s", older.url, older.path.name)
-                    self._unlink(older)
-        for _, entry in newest.values():
+        found = recover_cache_dir(self.cache_dir)
+        for entry in found.entries:
             self._insert(entry)
-        for name in names - data_names:
-            if name.startswith((TEMP_PREFIX, PART_PREFIX)) or name.endswith(META_SUFFIX):
-                continue
-            if len(name) >= 64:
-                logger.info("removing shard file without metadata: %s", name)
-                _remove(self.cache_dir / name)
+        for key, (size, mtime) in found.partials.items():
+            self._partials[key] = (size, mtime)
+            self.partial_bytes += size
         logger.info(
             "recovered %d shards (%d bytes) from %s", len(self.by_url), self.resident_bytes, self.cache_dir
         )
         return len(self.by_url)
-
-    def _recover_partial(self, path: Path) -> None:
-        try:
-            info = path.lstat()
-        except OSError:
-            return
-        if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime > PARTIAL_TTL_S:
-            logger.info("removing partial download %s (too old, or not a regular file)", path)
-            _remove(path)
-            return
-        key = path.name.removeprefix(PART_PREFIX)
-        self._partials[key] = (info.st_size, info.st_mtime)
-        self.partial_bytes += info.st_size
-        logger.info("keeping partial download %s (%d bytes) to resume", path.name, info.st_size)
 
     # -- partial downloads ------------------------------------------------------------------------------
     def partial_path(self, key: str) -> Path:
@@ -203,7 +131,7 @@ class Store:
         key = min(self._partials, key=lambda k: self._partials[k][1])
         size, _ = self._partials.pop(key)
         self.partial_bytes -= size
-        _remove(self.partial_path(key))
+        remove_file(self.partial_path(key))
         logger.info("dropped the partial download of key %s (%d bytes) to make room", key, size)
         return True
 
@@ -214,46 +142,10 @@ class Store:
         for key in old:
             size, _ = self._partials.pop(key)
             self.partial_bytes -= size
-            _remove(self.partial_path(key))
+            remove_file(self.partial_path(key))
         return len(old)
 
-    def _load_meta(self, meta_path: Path, names: set[str]) -> tuple[Entry, int] | None:
-        """The entry a meta file describes and the meta's mtime in ns, or None if it is not servable."""
-        try:
-            key = meta_path.name.removesuffix(META_SUFFIX)
-            meta_stat = meta_path.lstat()
-            if not stat.S_ISREG(meta_stat.st_mode):
-                logger.warning("removing %s: not a regular file (planted in the cache dir?)", meta_path)
-                return None
-            meta = json.loads(_read_nofollow(meta_path))
-            data = self.cache_dir / str(meta["file"])
-            if data.name not in names or not data.name.startswith(key):
-                return None
-            data_stat = data.lstat()  # never through a link: a planted symlink must not be served
-            if not stat.S_ISREG(data_stat.st_mode):
-                logger.warning("removing %s: not a regular file (planted in the cache dir?)", data)
-                _remove(data)
-                return None
-            if data_stat.st_size != int(meta["size"]):
-                logger.warning(
-                    "removing %s: %d bytes on disk, %s expected", data, data_stat.st_size, meta["size"]
-                )
-                _remove(data)
-                return None
-            entry = Entry(
-                key=key,
-                url=str(meta["url"]),
-                version=str(meta["version"]),
-                size=int(meta["size"]),
-                path=data,
-                checksum=meta.get("checksum"),
-                last_use=meta_stat.st_mtime,
-            )
-            return entry, meta_stat.st_mtime_ns
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.warning("removing unreadable shard metadata %s: %s", meta_path, exc)
-            return None
-
+    # -- publishing -------------------------------------------------------------------------------------
     def regular_stat(self, entry: Entry) -> os.stat_result | None:
         """`lstat` of the entry's file while it is a regular file; None once removed or replaced (a link)."""
         try:
@@ -341,14 +233,8 @@ class Store:
             self._doomed[entry.key] = entry
             self.doomed_bytes += entry.size
         else:
-            self._unlink(entry)
+            entry.unlink_files()
         return entry
-
-    def _unlink(self, entry: Entry) -> None:
-        # Meta first: a crash between the two leaves a data file without meta, which recovery removes.
-        entry.meta_path.unlink(missing_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            entry.path.unlink()
 
     # -- leases -----------------------------------------------------------------------------------------
     def lease(self, entry: Entry) -> str:
@@ -374,7 +260,7 @@ class Store:
         if entry.leases == 0 and entry.doomed:
             self._doomed.pop(entry.key, None)
             self.doomed_bytes -= entry.size
-            self._unlink(entry)
+            entry.unlink_files()
 
     def expire_leases(self) -> int:
         """End every lease past its TTL; returns how many."""
@@ -388,19 +274,3 @@ class Store:
     @property
     def lease_count(self) -> int:
         return len(self._leases)
-
-
-def _remove(path: Path) -> None:
-    """Unlink a file or a link (never what it points to); a directory planted there is left, logged."""
-    try:
-        path.unlink(missing_ok=True)
-    except IsADirectoryError:
-        logger.warning("leaving directory %s in the cache dir: remove it by hand", path)
-    except OSError as exc:
-        logger.warning("could not remove %s: %s", path, exc)
-
-
-def _read_nofollow(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, encoding="utf-8") as meta:
-        return meta.read()

@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shardcached.checksums import file_matches, normalize_checksum
+from shardcached.layout import Entry
 from shardcached.space import Space
-from shardcached.store import Entry, Store
+from shardcached.store import Store
 
 logger = logging.getLogger(__name__)
 
