@@ -42,18 +42,6 @@ def _register_with_torch() -> None:
         data.IterableDataset.register(Dataset)
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r}: expected a positive integer")
-    return value
-
-
-def _callable(name: str, value: Any) -> Any:
-    if not callable(value):
-        raise ConfigError(f"{name}={value!r}: expected a callable")
-    return value
-
-
 def _describe(source: SourceSpec, stages: Sequence[Stage]) -> str:
     return "\n".join([source.describe(), *(stage.describe() for stage in stages)])
 
@@ -251,9 +239,9 @@ class Dataset:
                 "cache() after mix() is not supported: cache each dataset before mixing "
                 "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
             )
-        _positive_int("cache_num_workers", cache_num_workers)
-        _positive_int("cache_write_batch_size", cache_write_batch_size)
-        _positive_int("max_rows_per_fragment", max_rows_per_fragment)
+        builders.positive_int("cache_num_workers", cache_num_workers)
+        builders.positive_int("cache_write_batch_size", cache_write_batch_size)
+        builders.positive_int("max_rows_per_fragment", max_rows_per_fragment)
         pre = self._stages
         last = max((i for i, s in enumerate(pre) if s.kind == "cache"), default=-1)
         try:
