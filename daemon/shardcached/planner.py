@@ -9,6 +9,7 @@ until it has one), so a planned position becomes an estimated time, and slots at
 
 Pure logic for the daemon's event loop: no I/O, no asyncio, an injected clock. ``record_open`` is O(log n)
 (one bisect); ``next_use`` looks only at the plans holding the url (index url -> plan -> positions).
+The chains, plans and that index are plain data in plans.py; this module decides with them.
 
 Example:
     >>> t = [0.0]
@@ -26,46 +27,15 @@ import math
 import statistics
 import time
 import uuid
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
+from shardcached.plans import Chain, Plan, Positions, first_at_or_after, index_plan, unindex_plan
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("belady", "lru")
-# Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
-# miss, yet follows a real change of speed within a few opens.
-_ALPHA = 0.25
-# Two opens in the same clock tick must not make every position of a chain tie at one instant.
-_MIN_INTERVAL = 1e-6
-_DEFAULT_INTERVAL = 1.0
-
-
-@dataclass(eq=False)
-class _Chain:
-    """The plans of one (job, slot), ordered by epoch, with the slot's observed pace."""
-
-    job: str
-    slot: int
-    plans: list[_Plan] = field(default_factory=list)
-    last_open: float | None = None
-    last_activity: float = 0.0
-    interval: float | None = None  # smoothed seconds between two opens of this slot
-
-
-@dataclass(eq=False)
-class _Plan:
-    id: str
-    chain: _Chain
-    epoch: int
-    urls: list[str]
-    cursor: int = 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self.urls) - self.cursor
+_DEFAULT_INTERVAL = 1.0  # seconds between opens assumed while no slot has a pace yet
 
 
 class Planner:
@@ -102,11 +72,9 @@ class Planner:
         self.displace_ahead = displace_ahead
         self.stale_after_s = stale_after_s
         self._clock = clock
-        self._plans: dict[str, _Plan] = {}
-        self._chains: dict[tuple[str, int], _Chain] = {}
-        # url -> plan id -> its position in that plan, or the ascending positions when it repeats there
-        # (a bare int for the common case keeps memory and garbage-collector work down for 100k-url plans).
-        self._positions: dict[str, dict[str, int | list[int]]] = {}
+        self._plans: dict[str, Plan] = {}
+        self._chains: dict[tuple[str, int], Chain] = {}
+        self._positions: Positions = {}  # url -> plan id -> position(s): see plans.py
         self._recency = Recency()
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
@@ -121,7 +89,7 @@ class Planner:
         self._maybe_expire(now)
         chain = self._chains.get((job, slot))
         if chain is None:
-            chain = self._chains[(job, slot)] = _Chain(job, slot)
+            chain = self._chains[(job, slot)] = Chain(job, slot)
         chain.last_activity = now
         self._expiry_check_at = min(self._expiry_check_at, now + self.stale_after_s)
         for plan in chain.plans:
@@ -130,23 +98,11 @@ class Planner:
                     return plan.id
                 self.delete_plan(plan.id)
                 break
-        plan = _Plan(uuid.uuid4().hex, chain, epoch, list(urls))
+        plan = Plan(uuid.uuid4().hex, chain, epoch, list(urls))
         self._plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
-        index, pid = self._positions, plan.id
-        for position, url in enumerate(plan.urls):
-            per_plan = index.get(url)
-            if per_plan is None:
-                index[url] = {pid: position}
-                continue
-            where = per_plan.get(pid)
-            if where is None:
-                per_plan[pid] = position
-            elif isinstance(where, int):
-                per_plan[pid] = [where, position]
-            else:
-                where.append(position)
+        index_plan(self._positions, plan)
         logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
         return plan.id
 
@@ -155,12 +111,7 @@ class Planner:
         plan = self._plans.pop(plan_id, None)
         if plan is None:
             return False
-        for url in set(plan.urls):
-            per_plan = self._positions.get(url)
-            if per_plan is not None:
-                per_plan.pop(plan_id, None)
-                if not per_plan:
-                    del self._positions[url]
+        unindex_plan(self._positions, plan)
         chain = plan.chain
         chain.plans.remove(plan)
         if not chain.plans:
@@ -195,20 +146,14 @@ class Planner:
         plan = self._plans.get(plan_id)
         if plan is None:
             return
-        now = self._clock()
         chain = plan.chain
-        if chain.last_open is not None:
-            observed = max(now - chain.last_open, _MIN_INTERVAL)
-            previous = chain.interval
-            chain.interval = observed if previous is None else previous + _ALPHA * (observed - previous)
+        if chain.note_open(self._clock()):
             self._ref_interval = None
-        chain.last_open = now
-        chain.last_activity = now
         for earlier in chain.plans:
             if earlier is plan:
                 break
             earlier.cursor = len(earlier.urls)
-        position = _first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
+        position = first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
         if position is not None:
             plan.cursor = position + 1
 
@@ -288,7 +233,7 @@ class Planner:
             for plan in chain.plans:
                 end = min(len(plan.urls), plan.cursor + budget)
                 if end > plan.cursor:
-                    windows.append(Window(plan.urls, plan.cursor, end, *self._time_line(plan, now, ref)))
+                    windows.append(Window(plan.urls, plan.cursor, end, *plan.time_line(now, ref)))
                     budget -= end - plan.cursor
                 if budget <= 0:
                     break
@@ -338,21 +283,14 @@ class Planner:
             self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
         return self._ref_interval
 
-    def _time_line(self, plan: _Plan, now: float, ref: float) -> tuple[float, float]:
-        """(a, b) such that position p >= cursor of `plan` is expected at clock time a + p * b."""
-        chain = plan.chain
-        interval = ref if chain.interval is None else chain.interval
-        base = now if chain.last_open is None else chain.last_open
-        return base + _opens_before(plan) * interval, interval
-
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
         nearest = math.inf
         for plan_id, where in self._positions.get(url, {}).items():
             plan = self._plans[plan_id]
-            position = _first_at_or_after(where, plan.cursor)
+            position = first_at_or_after(where, plan.cursor)
             if position is not None:
-                nearest = min(nearest, _opens_before(plan) + position)
+                nearest = min(nearest, plan.opens_before() + position)
         return nearest
 
     def _next_time(
@@ -369,33 +307,13 @@ class Planner:
         best: float | None = None
         for plan_id, where in per_plan.items():
             plan = self._plans[plan_id]
-            position = _first_at_or_after(where, plan.cursor)
+            position = first_at_or_after(where, plan.cursor)
             if position is None:
                 continue
             line = lines.get(plan_id)
             if line is None:
-                line = lines[plan_id] = self._time_line(plan, now, ref)
+                line = lines[plan_id] = plan.time_line(now, ref)
             when = line[0] + position * line[1]
             if best is None or when < best:
                 best = when
         return best
-
-
-def _opens_before(plan: _Plan) -> int:
-    """Opens of the slot until position 0 of `plan` would be next: p + this = opens until position p."""
-    ahead = 1 - plan.cursor  # the position at the cursor is the next open
-    for earlier in plan.chain.plans:
-        if earlier is plan:
-            return ahead
-        ahead += earlier.remaining
-    return ahead
-
-
-def _first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:
-    """The first of a url's positions in a plan that is not behind the cursor."""
-    if where is None:
-        return None
-    if isinstance(where, int):
-        return where if where >= cursor else None
-    i = bisect_left(where, cursor)
-    return where[i] if i < len(where) else None

@@ -1,0 +1,115 @@
+"""The plans the planner reads: each (job, slot)'s chain of plans, its pace, and where urls lie in them.
+
+A chain holds the plans of one (job, slot) ordered by epoch, and the slot's observed open interval (a
+moving average). A plan is the ordered urls of one epoch with a cursor. The position index maps
+url -> plan id -> the url's position in that plan, or its ascending positions when it repeats there (a bare
+int for the common case keeps memory and garbage-collector work down for 100k-url plans). Pure data and
+arithmetic: the planner (planner.py) decides what to do with them.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+# Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
+# miss, yet follows a real change of speed within a few opens.
+_ALPHA = 0.25
+# Two opens in the same clock tick must not make every position of a chain tie at one instant.
+_MIN_INTERVAL = 1e-6
+
+Positions = dict[str, dict[str, int | list[int]]]
+
+
+@dataclass(eq=False)
+class Chain:
+    """The plans of one (job, slot), ordered by epoch, with the slot's observed pace."""
+
+    job: str
+    slot: int
+    plans: list[Plan] = field(default_factory=list)
+    last_open: float | None = None
+    last_activity: float = 0.0
+    interval: float | None = None  # smoothed seconds between two opens of this slot
+
+    def note_open(self, now: float) -> bool:
+        """Count an open of this slot at clock time `now`; whether its interval estimate changed."""
+        changed = self.last_open is not None
+        if self.last_open is not None:
+            observed = max(now - self.last_open, _MIN_INTERVAL)
+            previous = self.interval
+            self.interval = observed if previous is None else previous + _ALPHA * (observed - previous)
+        self.last_open = now
+        self.last_activity = now
+        return changed
+
+
+@dataclass(eq=False)
+class Plan:
+    """The ordered urls one slot opens in one epoch, and how far it got (`cursor`: the next position)."""
+
+    id: str
+    chain: Chain
+    epoch: int
+    urls: list[str]
+    cursor: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.urls) - self.cursor
+
+    def opens_before(self) -> int:
+        """Opens of the slot until position 0 of this plan would be next: p + this = opens until p."""
+        ahead = 1 - self.cursor  # the position at the cursor is the next open
+        for earlier in self.chain.plans:
+            if earlier is self:
+                return ahead
+            ahead += earlier.remaining
+        return ahead
+
+    def time_line(self, now: float, ref: float) -> tuple[float, float]:
+        """(a, b) such that position p >= cursor is expected at clock time a + p * b.
+
+        `ref` stands in for the slot's interval until it has one (the median of the other slots').
+        """
+        chain = self.chain
+        interval = ref if chain.interval is None else chain.interval
+        base = now if chain.last_open is None else chain.last_open
+        return base + self.opens_before() * interval, interval
+
+
+def index_plan(positions: Positions, plan: Plan) -> None:
+    """Add `plan`'s urls to the position index."""
+    pid = plan.id
+    for position, url in enumerate(plan.urls):
+        per_plan = positions.get(url)
+        if per_plan is None:
+            positions[url] = {pid: position}
+            continue
+        where = per_plan.get(pid)
+        if where is None:
+            per_plan[pid] = position
+        elif isinstance(where, int):
+            per_plan[pid] = [where, position]
+        else:
+            where.append(position)
+
+
+def unindex_plan(positions: Positions, plan: Plan) -> None:
+    """Remove `plan`'s urls from the position index."""
+    for url in set(plan.urls):
+        per_plan = positions.get(url)
+        if per_plan is not None:
+            per_plan.pop(plan.id, None)
+            if not per_plan:
+                del positions[url]
+
+
+def first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:
+    """The first of a url's positions in a plan that is not behind the cursor."""
+    if where is None:
+        return None
+    if isinstance(where, int):
+        return where if where >= cursor else None
+    i = bisect_left(where, cursor)
+    return where[i] if i < len(where) else None
