@@ -153,7 +153,8 @@ class DaemonClient:
 
         Yields a real file (with `fileno()`, so it can be mmap-ed) when the daemon's path is visible, a
         streamed answer otherwise, or the URL read directly (fsspec) when no daemon answers and the client
-        is not `required`.
+        is not `required`. A daemon restart (503 shutting_down, or the socket gone after the daemon
+        answered) during the open or while a streamed answer starts is waited out (`restart_wait_s`).
 
         Args:
             url: the shard: an fsspec URL or a local path.
@@ -311,7 +312,12 @@ class DaemonClient:
                         path,
                         exc.strerror,
                     )
-        return contextlib.closing(self.stream(url))
+        # The stream is a request of its own: a daemon restarted since the grant is waited for like an
+        # open (`restart_wait_s`), and an `auto` client whose daemon does not come back reads directly.
+        streamed = self._through_restarts(lambda: self.stream(url))
+        if streamed is None:
+            return open_direct(url)
+        return contextlib.closing(streamed)
 
     def stream(self, url: str) -> BinaryIO:
         """The shard's bytes streamed by the daemon (`GET /v1/shards/data`); close the result when done.
