@@ -69,21 +69,20 @@ def test_a_stream_that_finds_the_daemon_restarting_waits_for_the_new_one(  # typ
 ) -> None:
     allow = [str(local_shards.local_dir)]
     daemon = daemon_factory(allow=allow)
-    restarted: list[object] = []
+    again = threading.Thread(
+        target=lambda: daemon_factory(allow=allow, socket_path=Path(daemon.socket), cache_dir=tmp_path / "b")
+    )
 
     def restart() -> None:
         daemon.stop()  # graceful: returns once the process has exited and its socket is gone
-        threading.Thread(
-            target=lambda: restarted.append(
-                daemon_factory(allow=allow, socket_path=Path(daemon.socket), cache_dir=tmp_path / "fresh")
-            )
-        ).start()
+        again.start()  # the stream finds no socket and waits for this daemon
 
     client = streaming_client(daemon.socket, restart_wait_s=60)
     client._transport = transport = FailingFirstStream(client, restart)
     path = local_shards.local_paths[0]
     assert read(client, path) == Path(path).read_bytes()
-    assert transport.streams == 2 and len(restarted) == 1
+    again.join()
+    assert transport.streams == 2
     assert client.stats().misses == 1  # the new daemon (an empty cache) streamed it, not a direct read
 
 
