@@ -56,9 +56,9 @@ def status_of(code: str) -> int:
 
 
 class ErrorBody(BaseModel):
-    """The body of every error answer."""
+    """The body of every error answer (unknown fields ignored, like every answer model)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     error: str = Field(description="the error code (see the table of codes)")
     detail: str = Field(description="what went wrong, naming the URL, lease or plan, and what to do")

@@ -16,18 +16,27 @@ URL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 ShardUrl = Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
 
 
-class _Model(BaseModel):
+class _Request(BaseModel):
+    """What a client sends: unknown fields are refused (a typo in a request is a 422, not ignored)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Health(_Model):
+class _Answer(BaseModel):
+    """What the daemon answers: unknown fields are ignored, so a newer daemon that adds a field does not
+    break an older trainer during a rolling upgrade."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Health(_Answer):
     """`GET /v1/health`."""
 
     status: str = "ok"
     version: str
 
 
-class OpenRequest(_Model):
+class OpenRequest(_Request):
     """`POST /v1/shards/open`: make a shard local and lease it."""
 
     url: ShardUrl
@@ -36,7 +45,7 @@ class OpenRequest(_Model):
     plan: str | None = Field(default=None, max_length=128, description="the plan this open advances")
 
 
-class OpenGrant(_Model):
+class OpenGrant(_Answer):
     """The answer to an open: where the shard's file is, and the lease that keeps it there until released."""
 
     url: str = Field(description="the canonical URL")
@@ -49,13 +58,13 @@ class OpenGrant(_Model):
 OpenResponse = OpenGrant  # the name before the grant had one of its own
 
 
-class ReleaseRequest(_Model):
+class ReleaseRequest(_Request):
     """`POST /v1/shards/release`."""
 
     lease: str = Field(min_length=1, max_length=128)
 
 
-class PlanRequest(_Model):
+class PlanRequest(_Request):
     """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch."""
 
     job: str = Field(min_length=1, max_length=256)
@@ -64,21 +73,21 @@ class PlanRequest(_Model):
     urls: list[ShardUrl] = Field(max_length=MAX_PLAN_URLS)
 
 
-class PlanResponse(_Model):
+class PlanResponse(_Answer):
     plan: str
 
 
-class PrefetchRequest(_Model):
+class PrefetchRequest(_Request):
     """`POST /v1/prefetch`: warm shards in the background."""
 
     urls: list[ShardUrl] = Field(min_length=1, max_length=MAX_PLAN_URLS)
 
 
-class PrefetchAccepted(_Model):
+class PrefetchAccepted(_Answer):
     urls: list[str] = Field(description="the canonical URLs being warmed")
 
 
-class ShardInfo(_Model):
+class ShardInfo(_Answer):
     url: str
     size: int
     last_use: float | None = Field(description="Unix time of the last open, or null")
@@ -86,11 +95,11 @@ class ShardInfo(_Model):
     pinned: bool = False
 
 
-class ShardList(_Model):
+class ShardList(_Answer):
     shards: list[ShardInfo]
 
 
-class Stats(_Model):
+class Stats(_Answer):
     """`GET /v1/stats`: counters since the daemon started."""
 
     capacity: int = Field(description="bytes the cache may hold (`--capacity`, resolved)")
@@ -107,7 +116,7 @@ class Stats(_Model):
     policy: str = Field(description="the eviction policy: belady or lru")
 
 
-class TelemetryReport(_Model):
+class TelemetryReport(_Request):
     """`POST /v1/telemetry`: one trainer slot's data-plane figures since its previous report."""
 
     job: str = Field(min_length=1, max_length=256)
