@@ -252,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from shardcache.cache.cli import run_cache_command
 
         return run_cache_command(args)
-    client = DaemonClient(args.socket, required=True)
+    # An operator's command fails at once when no daemon answers, instead of waiting out a restart.
+    client = DaemonClient(args.socket, required=True, restart_wait_s=0)
     try:
         return int(args.run(client, args))
     except DaemonUnavailable as exc:
