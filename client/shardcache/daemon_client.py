@@ -4,59 +4,46 @@ The hot path is `open`: one keep-alive round trip (`POST /v1/shards/open`) on th
 (`shardcache.transport`), an `open()` of the local path the daemon hands over, and a lease release whose
 answer is read lazily on the next request. Everything else (plans, stats, listings, prefetch, evict, health
 probes) is control plane and goes through httpx (`shardcache.control`).
+
+Around the facade: `shardcache.availability` (whether the daemon answers; waiting out its restarts),
+`shardcache.direct` (reading shards without it) and `shardcache.open_wire` (the open's grant and the
+connection count behind `generation`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, BinaryIO, Literal, TypeVar, cast
-
-import pydantic
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO, Literal, cast
 
 from shardcache import protocol
+from shardcache.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WAIT_S
+from shardcache.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
+from shardcache.availability import DaemonAvailability, restart_wait
 from shardcache.control import ControlClient
-from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover, rediscover
-from shardcache.errors import (
-    START_DAEMON,
-    ConfigError,
-    DaemonError,
-    DaemonRequestError,
-    DaemonUnavailable,
-    InsufficientCapacity,
-    RemoteNotFound,
-)
-from shardcache.extras import filesystem_extra
-from shardcache.transport import RELEASE_HEADER, Response, Transport
+from shardcache.direct import SIZING_RULE as SIZING_RULE
+from shardcache.direct import cannot_fit
+from shardcache.direct import local_path_of as local_path_of
+from shardcache.direct import open_direct as open_direct
+from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover
+from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
+from shardcache.open_wire import CountingTransport, parse_grant
+from shardcache.transport import RELEASE_HEADER, Response
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 Handoff = Literal["auto", "path", "stream"]
 _HANDOFFS = ("auto", "path", "stream")
 _V1 = protocol.API_PREFIX
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
-DEFAULT_RESTART_WAIT_S = 30.0
-RESTART_WAIT_ENV = "SHARDCACHE_RESTART_WAIT_S"
-# While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.
-_PROBE_FIRST_S, _PROBE_MAX_S = 0.05, 0.5
-_REQUIRED_ADVICE = (
-    f'{START_DAEMON[:-1]}; or pass daemon="auto" to read shards directly while no daemon answers, or '
-    "daemon=None to read them directly always."
-)
-SIZING_RULE = (
-    "size the cache (shardcached --capacity) for at least concurrent readers x largest shard x "
-    "(prefetch depth + 1); see 'Sizing the cache' in docs/deploy.md"
-)
 
 
-class DaemonClient:
+class DaemonClient(DaemonAvailability):
     """A connection to the node's `shardcached`, safe to share across threads and to copy into workers.
 
     Args:
@@ -84,6 +71,8 @@ class DaemonClient:
         ...     header = f.read(512)
     """
 
+    _transport: CountingTransport
+
     def __init__(
         self,
         socket: str | None = None,
@@ -99,7 +88,7 @@ class DaemonClient:
             raise ConfigError(f"handoff={handoff!r} is not one of {', '.join(map(repr, _HANDOFFS))}")
         if timeout <= 0:
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
-        restart_wait_s = _restart_wait(restart_wait_s)
+        restart_wait_s = restart_wait(restart_wait_s)
         self.discovery: Discovery = discover(socket, system_socket)
         self.socket = self.discovery.socket
         self.system_socket = system_socket
@@ -111,12 +100,10 @@ class DaemonClient:
         self._setup()
 
     def _setup(self) -> None:
-        self._transport = _CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
+        self._transport = CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
         self._control = ControlClient(self.socket, self.timeout)
         self._state_lock = threading.Lock()
-        # Monotonic time of the last failed attempt to reach the daemon; None while it answers.
-        self._down_at: float | None = None
-        # Whether a daemon answered this client (in this process): a failure after that is a restart.
+        self._down_at = None  # the daemon's state as this client sees it (see DaemonAvailability)
         self._seen_up = False
         self._warned_path = False
         self._warned_capacity = False
@@ -196,105 +183,16 @@ class DaemonClient:
         path = f"{_V1}/shards/open"
         try:
             return self._through_restarts(
-                lambda: _grant(self._transport.request("POST", path, body).raise_for_status(url), url)
+                lambda: parse_grant(self._transport.request("POST", path, body).raise_for_status(url), url)
             )
         except InsufficientCapacity as exc:
             self._cannot_fit(url, exc)
             return None
 
-    def _through_restarts(self, attempt: Callable[[], _T]) -> _T | None:
-        """What `attempt()` (one request) returns, waiting out a daemon restart; None: go on without it.
-
-        `attempt` raises `DaemonUnavailable` when the socket fails and the typed `DaemonRequestError` for
-        an error answer. A daemon that answers 503 shutting_down, or whose socket goes away after it
-        answered, is being restarted (systemd, a DaemonSet rolling update): the request is sent again once
-        its socket answers, for up to `restart_wait_s`. Past that a `required` client raises
-        `DaemonUnavailable`; an `auto` client returns None (read directly) and re-probes every
-        `reprobe_interval`.
-        """
-        if self._skip_daemon():
-            return None
-        if self._down_at is not None:
-            self._rediscover()
-        deadline: float | None = None
-        delay = _PROBE_FIRST_S
-        while True:
-            try:
-                result = attempt()
-            except DaemonUnavailable as exc:
-                failure: DaemonError = exc
-            except DaemonRequestError as exc:
-                self._came_up()
-                if not _shutting_down(exc):
-                    raise
-                failure = exc
-            else:
-                self._came_up()
-                return result
-            if deadline is None:
-                if not self._waits_for_restart(failure):
-                    self._went_down(failure)
-                    return None
-                logger.info(
-                    "%s; waiting up to %gs for shardcached to come back", failure, self.restart_wait_s
-                )
-                deadline = time.monotonic() + self.restart_wait_s
-            if not self._wait_for_daemon(deadline, delay):
-                self._gave_up(failure)
-                return None
-            delay = min(delay * 2, _PROBE_MAX_S)
-
-    def _waits_for_restart(self, failure: DaemonError) -> bool:
-        """Whether a failed request is worth waiting on (see `restart_wait_s`)."""
-        if self.restart_wait_s <= 0:
-            return False
-        if isinstance(failure, DaemonRequestError):  # 503 shutting_down: it says it is restarting
-            return True
-        return self.required or (self._seen_up and self._down_at is None)
-
-    def _wait_for_daemon(self, deadline: float, delay: float) -> bool:
-        """Probe the socket until the daemon answers its health check (True) or the deadline passes."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(delay, remaining))  # pacing the probes of a restarting daemon
-            try:
-                probe_s = min(2.0, max(remaining, 0.1))
-                if self._control.request("GET", f"{_V1}/health", timeout=probe_s).status == 200:
-                    return True
-            except DaemonUnavailable:
-                pass
-            delay = min(delay * 2, _PROBE_MAX_S)
-
-    def _gave_up(self, failure: DaemonError) -> None:
-        """The daemon did not come back within `restart_wait_s`: raise (required) or read directly."""
-        cause = failure.reason if isinstance(failure, DaemonUnavailable) else str(failure)
-        reason = f"it did not come back within {self.restart_wait_s:g}s (restart_wait_s) after: {cause}"
-        self._went_down(DaemonUnavailable(self.socket, reason))
-
     def _cannot_fit(self, url: str, exc: InsufficientCapacity) -> None:
         """A shard the cache cannot hold (507): read it directly (`auto`), or say how to size the cache."""
-        if self.required:
-            raise InsufficientCapacity(
-                exc.status,
-                exc.code,
-                (
-                    f'{exc.detail}. To fix: {SIZING_RULE}, or use daemon="auto" to read shards that do '
-                    "not fit directly"
-                ),
-                url,
-            ) from exc
-        if not self._warned_capacity:
-            self._warned_capacity = True
-            logger.warning(
-                "%s; reading it (and any other shard that does not fit) directly, without the node cache. "
-                "To cache such shards, %s",
-                exc,
-                SIZING_RULE,
-            )
-        else:
-            logger.debug("%s; reading it directly", exc)
+        first, self._warned_capacity = not self._warned_capacity, True
+        cannot_fit(url, exc, required=self.required, first=first)
 
     def _open_granted(self, url: str, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
         if self.handoff != "stream":
@@ -366,7 +264,7 @@ class DaemonClient:
         else:
             self._transport.send_deferred("POST", f"{_V1}/shards/release", {"lease": lease})
 
-    # -- daemon availability --------------------------------------------------------------------------------
+    # -- connections (availability and restarts: `shardcache.availability`) ------------------------------
 
     @property
     def generation(self) -> int:
@@ -379,63 +277,6 @@ class DaemonClient:
         while idle also counts; registering again is harmless then (the daemon keeps identical plans).
         """
         return self._transport.connects
-
-    def _skip_daemon(self) -> bool:
-        down_at = self._down_at
-        if down_at is None or self.required:
-            return False
-        return time.monotonic() - down_at < self.reprobe_interval
-
-    def _rediscover(self) -> None:
-        """Search the sockets again (the daemon may have started at another of them; see discovery)."""
-        found = rediscover(self.discovery, self.system_socket)
-        if found.socket != self.socket:
-            logger.info("shardcached socket found at %s (was %s)", found.socket, self.socket)
-            self.discovery, self.socket = found, found.socket
-            self._transport.socket_path = self._control.socket_path = found.socket
-
-    def _went_down(self, exc: DaemonError) -> None:
-        """No daemon to go on with: raise (`required`), or read directly and warn once (`auto`)."""
-        if self.required:
-            if isinstance(exc, DaemonUnavailable):
-                # The advice for the caller that chose `required`, with the sockets searched.
-                tried = self.discovery.describe()
-                reason = exc.reason if tried == exc.socket else f"{exc.reason}; sockets tried: {tried}"
-                raise DaemonUnavailable(exc.socket, reason, _REQUIRED_ADVICE) from exc.__cause__
-            raise exc
-        with self._state_lock:
-            first = self._down_at is None
-            self._down_at = time.monotonic()
-        if first:
-            what, advice = str(exc), ""
-            if isinstance(exc, DaemonUnavailable):  # its own advice follows the sockets tried
-                what = f"no shardcached daemon answers on {exc.socket}: {exc.reason}"
-                advice = f"{START_DAEMON} "
-            logger.warning(
-                "%s (sockets tried: %s); reading shards directly (no node cache) until it answers again. "
-                '%sPass daemon="required" to make this an error.',
-                what,
-                self.discovery.describe(),
-                advice,
-            )
-
-    def _came_up(self) -> None:
-        self._seen_up = True
-        if self._down_at is not None:
-            with self._state_lock:
-                was_down, self._down_at = self._down_at is not None, None
-            if was_down:
-                logger.info("shardcached answers again on %s; reading shards through it", self.socket)
-
-    def available(self) -> bool:
-        """Whether a daemon answers on the socket right now (a health check with a short timeout)."""
-        try:
-            ok = self._control.request("GET", f"{_V1}/health", timeout=min(self.timeout, 2.0)).status == 200
-        except DaemonUnavailable:
-            return False
-        if ok:
-            self._came_up()
-        return ok
 
     # -- control plane --------------------------------------------------------------------------------------
 
@@ -520,96 +361,5 @@ class DaemonClient:
         self.close()
 
 
-class _CountingTransport(Transport):
-    """A Transport that counts the connections it opens (`DaemonClient.generation`).
-
-    A subclass here rather than a counter in transport.py: the count is bookkeeping for plans, which the
-    transport knows nothing about. It is read without a lock: a lost increment between two threads opening
-    connections at the same instant only delays a re-registration to the next new connection.
-    """
-
-    connects = 0
-
-    def _connection(self) -> Any:
-        before = getattr(self._local, "conn", None)
-        conn = super()._connection()
-        if conn is not before:
-            self.connects += 1
-        return conn
-
-
-def _restart_wait(given: float | None) -> float:
-    """`restart_wait_s` as given, else from `SHARDCACHE_RESTART_WAIT_S`, else the default; checked."""
-    name, value = "restart_wait_s", given
-    if given is None:
-        raw = os.environ.get(RESTART_WAIT_ENV)
-        if not raw:
-            return DEFAULT_RESTART_WAIT_S
-        name = RESTART_WAIT_ENV
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-    if value is None or not value >= 0:
-        shown = os.environ.get(RESTART_WAIT_ENV) if given is None else repr(given)
-        raise ConfigError(f"{name}={shown}: expected a number of seconds >= 0 (0 never waits)")
-    return float(value)
-
-
-def _grant(answer: Response, url: str) -> protocol.OpenGrant:
-    """The open's answer as the typed grant.
-
-    Validated by pydantic straight from the JSON bytes (`model_validate_json`), not through a dict: on the
-    hot path's grant pydantic-core parses and checks the five fields in about 1.0 us, less than the
-    `json.loads` the client did before (1.7 us; `json.loads` then `model_validate` is 2.8 us, a NamedTuple
-    built from the dict 2.2 us), so the typed grant costs the open nothing (`bench/bench_open_latency.py`
-    shows the same latency before and after).
-    """
-    try:
-        return protocol.OpenGrant.model_validate_json(answer.body)
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}" for error in exc.errors()
-        )
-        raise DaemonError(
-            f"shardcached answered the open of {url} with a grant this client cannot read ({problems}); "
-            "run the same shardcache version in the daemon and the trainer"
-        ) from exc
-
-
-def _shutting_down(exc: DaemonRequestError) -> bool:
-    """A 503 the daemon sends while it stops (SIGTERM): a restart, not a refusal."""
-    return exc.status == 503 and exc.code == "shutting_down"
-
-
 def _quote(value: str) -> str:
     return urllib.parse.quote(value, safe="")
-
-
-def local_path_of(url: str) -> str | None:
-    """The filesystem path a URL names (plain paths and `file://`), or None for a remote URL."""
-    if url.startswith("file://"):
-        return urllib.parse.unquote(urllib.parse.urlsplit(url).path)
-    if "://" not in url:
-        return url
-    return None
-
-
-def open_direct(url: str) -> contextlib.AbstractContextManager[BinaryIO]:
-    """Open a shard without the daemon: local paths with `open()`, anything else with fsspec.
-
-    Every direct read goes through here (`daemon=None`, an `auto` client without a daemon, a shard too
-    big for the cache), so this is where a missing filesystem package is reported with its extra.
-
-    Raises:
-        ConfigError: the URL's filesystem needs a package that is not installed (s3fs for s3://); the
-            message names the extra, `pip install 'shardcache[s3]'`.
-    """
-    path = local_path_of(url)
-    if path is not None:
-        return open(path, "rb")
-    import fsspec  # a core dependency; the protocol's own package (s3fs, ...) is imported by fsspec
-
-    with filesystem_extra(url):
-        handle: IO[bytes] = fsspec.open(url, "rb").open()
-    return contextlib.closing(cast(BinaryIO, handle))
