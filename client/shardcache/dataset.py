@@ -2,7 +2,8 @@
 
 Every stage method returns a new Dataset. Iterating resolves the runtime context (explicit, else torch and
 environment), builds one node per stage over the source node, and returns a `PipelineIterator`, whose
-`state_dict()` a trainer checkpoints (`shardcache.iteration`).
+`state_dict()` a trainer checkpoints (`shardcache.iteration`). Resume states are checked and turned into
+a start point in `shardcache.dataset_resume`; the `.cache()` boundary is `shardcache.cache_boundary`.
 """
 
 from __future__ import annotations
@@ -12,26 +13,17 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from shardcache.cache_boundary import CACHE_DEFAULTS as CACHE_DEFAULTS
+from shardcache.cache_boundary import cache_stage, cut_at_cache
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError, StateError, UnsupportedResume
-from shardcache.iteration import STATE_VERSION, PipelineIterator, _source_of, in_main_process
+from shardcache.dataset_resume import Runtime, check_loaded, resume_point
+from shardcache.errors import ConfigError
+from shardcache.iteration import PipelineIterator, in_main_process
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
-from shardcache.stages import (
-    CacheStage,
-    Node,
-    Stage,
-    builders,
-)
-
-CACHE_DEFAULTS: dict[str, Any] = {
-    "cache_dir": ".cache",
-    "cache_num_workers": 1,
-    "cache_write_batch_size": 1024,
-    "max_rows_per_fragment": 5000,
-}
+from shardcache.stages import Node, Stage, builders
 
 
 def _register_with_torch() -> None:
@@ -44,27 +36,6 @@ def _register_with_torch() -> None:
 
 def _describe(source: SourceSpec, stages: Sequence[Stage]) -> str:
     return "\n".join([source.describe(), *(stage.describe() for stage in stages)])
-
-
-class _Runtime:
-    """The mutable side of a Dataset: the epoch set by `set_epoch`, the latest iterator, a state to resume."""
-
-    __slots__ = ("epoch", "facts", "iterator", "pending")
-
-    def __init__(self, epoch: int | None = None, facts: RunFacts | None = None) -> None:
-        self.epoch = epoch
-        self.facts = facts if facts is not None else RunFacts()
-        self.iterator: PipelineIterator | None = None
-        self.pending: dict[str, Any] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A pickled Dataset (DataLoader workers) carries its epoch, pending state and the main process's
-        # run facts (sample counts, torch.distributed), not a live iterator.
-        return {"epoch": self.epoch, "pending": self.pending, "facts": self.facts}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.epoch, self.pending, self.iterator = state["epoch"], state["pending"], None
-        self.facts = state.get("facts") or RunFacts()
 
 
 class Dataset:
@@ -87,7 +58,7 @@ class Dataset:
     ) -> None:
         self._source = source
         self._stages: tuple[Stage, ...] = tuple(stages)
-        self._runtime = _Runtime(epoch, facts)
+        self._runtime = Runtime(epoch, facts)
         _register_with_torch()
 
     # -- construction ---------------------------------------------------------------------------------------
@@ -234,22 +205,6 @@ class Dataset:
         **extra: Any,
     ) -> Dataset:
         """Materialise everything before this point once into a local Lance dataset (`shardcache.cache`)."""
-        if self._source.kind == "mix":
-            raise ConfigError(
-                "cache() after mix() is not supported: cache each dataset before mixing "
-                "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
-            )
-        builders.positive_int("cache_num_workers", cache_num_workers)
-        builders.positive_int("cache_write_batch_size", cache_write_batch_size)
-        builders.positive_int("max_rows_per_fragment", max_rows_per_fragment)
-        pre = self._stages
-        last = max((i for i, s in enumerate(pre) if s.kind == "cache"), default=-1)
-        try:
-            from shardcache.cache import validate_pre_cache
-        except ImportError:  # the cache package is optional at this layer
-            pass
-        else:
-            validate_pre_cache(pre[last + 1 :])
         options = {
             "cache_dir": cache_dir,
             "cache_num_workers": cache_num_workers,
@@ -257,7 +212,7 @@ class Dataset:
             "max_rows_per_fragment": max_rows_per_fragment,
             **extra,
         }
-        return self._add(CacheStage(options))
+        return self._add(cache_stage(self._source, self._stages, options))
 
     # -- epochs, state, fingerprints ------------------------------------------------------------------------
 
@@ -278,22 +233,13 @@ class Dataset:
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the most recent iterator (or the state loaded and not yet used)."""
-        if self._runtime.iterator is not None:
-            return self._runtime.iterator.state_dict()
-        if self._runtime.pending is not None:
-            return self._runtime.pending
-        raise StateError("state_dict(): this dataset has not been iterated yet; iterate it first")
+        return self._runtime.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume from `state`: this reader's own `state_dict()`, or the states of
         every rank merged by `shardcache.merge_states` (which resumes on any number of nodes, ranks and
-        workers; see `shardcache.elastic`)."""
-        from shardcache.elastic import is_merged
-
-        if is_merged(state):
-            self._check_merged(state)
-        else:
-            self._check_state(state, None)
+        workers; see `shardcache.elastic`; checks in `shardcache.dataset_resume`)."""
+        check_loaded(self, state)
         self._runtime.pending = state
 
     def count_samples(self, context: RuntimeContext | None = None) -> None:
@@ -321,29 +267,6 @@ class Dataset:
 
         return pipeline_parts(self._source, self._stages)
 
-    def _check_merged(self, state: dict[str, Any]) -> None:
-        from shardcache.elastic import check_merged
-
-        check_merged(state, self.fingerprint(), self.parts())
-
-    def _check_state(self, state: Any, ctx: RuntimeContext | None) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise StateError(f"resume state version {version!r} is not supported (expected {STATE_VERSION})")
-        if state.get("fingerprint") != self.fingerprint():
-            from shardcache.resume_check import mismatch_message
-
-            raise StateError(
-                "resume state was taken from a pipeline with another source or stage list: "
-                f"{mismatch_message(state, self.parts())} "
-                f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
-            )
-        if ctx is not None and (state.get("slot"), state.get("total_slots")) != (ctx.slot, ctx.total_slots):
-            raise StateError(
-                f"resume state is for slot {state.get('slot')} of {state.get('total_slots')}, this reader is "
-                f"slot {ctx.slot} of {ctx.total_slots}; resume with the same ranks and workers"
-            )
-
     # -- iteration ------------------------------------------------------------------------------------------
 
     def resolve_context(self, context: RuntimeContext | None = None) -> RuntimeContext:
@@ -362,29 +285,15 @@ class Dataset:
         ctx = self.resolve_context(context)
         self._runtime.facts.capture()
         pending, self._runtime.pending = self._runtime.pending, None
-        origin = None
-        if pending is not None:
-            from shardcache.elastic import is_merged, own_or_origin
-
-            if is_merged(pending):
-                pending, origin = own_or_origin(self, pending, ctx)
-        if pending is not None:
-            self._check_state(pending, ctx)
-            ctx = ctx.with_epoch(int(pending["epoch"]))
-        elif origin is not None:
-            ctx = ctx.with_epoch(int(origin["epoch"]))
+        resume = resume_point(self, pending, ctx)
+        if resume is not None:
+            ctx = ctx.with_epoch(resume.epoch)
         node = self.build(ctx)
-        if pending is not None:
-            node.load_state_dict(pending["pipeline"])
-        elif origin is not None:
-            source = _source_of(node)
-            if source is None:
-                raise UnsupportedResume("an elastic resume needs a pipeline over one source (not a mix)")
-            source.origin = origin
+        if resume is not None:
+            resume.restore(node)
         iterator = PipelineIterator(node, ctx, self.fingerprint(), self.parts())
-        if pending is not None and iterator._source is not None:
-            skipped = pending.get("skipped_shards", 0)
-            iterator._source.skipped_shards = skipped if isinstance(skipped, int) else 0
+        if resume is not None:
+            resume.carry_over(iterator)
         self._runtime.iterator = iterator
         return iterator
 
@@ -401,17 +310,7 @@ class Dataset:
 
     def build(self, ctx: RuntimeContext) -> Node:
         """The node chain of this pipeline for one slot (resolving a `.cache()` boundary first)."""
-        stages = self._stages
-        source = self._source
-        last = max((i for i, s in enumerate(stages) if s.kind == "cache"), default=-1)
-        if last >= 0:
-            from shardcache.cache import materialise
-
-            cache_stage = stages[last]
-            assert isinstance(cache_stage, CacheStage)
-            path = materialise(Dataset(source, stages[:last]), ctx, dict(cache_stage.options))
-            source = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
-            stages = stages[last + 1 :]
+        source, stages = cut_at_cache(self._source, self._stages, ctx)
         node: Node
         if source.kind == "mix":  # a mix of other datasets (shardcache.mixing.MixSource)
             from shardcache.mixing import MixSource
