@@ -29,6 +29,7 @@ def _pq() -> Any:
 
 class ParquetSource(SourceNode):
     counted_by_metadata = True  # row groups carry their row counts
+
     def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
         # Listing the row groups of shards read later would open (fetch) them now; a shard-level order is
         # a close enough hint for the daemon, and the real plan replaces it when those shards are read.
