@@ -5,7 +5,8 @@ simulated node runs its own real `shardcached` (own cache dir, socket and metric
 `headroom` x that node's share of the dataset in bytes under node placement), and each rank is its own
 process reading through its node's daemon with an explicit `RuntimeContext` (a `required` daemon client: a
 rank never reads S3 itself, so every byte read is counted by some daemon). The cluster, the daemons and the
-rank processes are the ones `tests/cluster/` builds (`cluster_support.NodeSet`, `cluster_ranks.run_epochs`).
+rank processes are the ones `tests/cluster/` builds (`tests.support.cluster.NodeSet`,
+`tests.support.cluster_ranks.run_epochs`).
 
 Epochs run in lockstep (a barrier opens each one, as DDP steps would). Every mode starts fresh daemons with
 empty caches over the same objects:
@@ -33,7 +34,6 @@ import json
 import os
 import queue
 import random
-import sys
 import tarfile
 import tempfile
 import time
@@ -44,20 +44,13 @@ from typing import Any
 
 import boto3
 
-# The cluster helpers live beside the tests that use them (they import `support.devservers`).
-_TESTS = Path(__file__).resolve().parent.parent / "tests"
-for _path in (str(_TESTS), str(_TESTS / "cluster")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-from cluster_ranks import Rank, run_epochs  # noqa: E402
-from cluster_support import Node, NodeSet, rank_process_context  # noqa: E402
-
-from shardcache import Dataset, RuntimeContext  # noqa: E402
-from shardcache.daemon_client import DaemonClient  # noqa: E402
-from shardcache.shards import ShardRef  # noqa: E402
-from shardcache.sources.partition import owners, weights_of  # noqa: E402
-from support.devservers import start_s3_server  # noqa: E402
+from shardcache import Dataset, RuntimeContext
+from shardcache.daemon_client import DaemonClient
+from shardcache.shards import ShardRef
+from shardcache.sources.partition import owners, weights_of
+from tests.support.cluster import Node, NodeSet, rank_process_context
+from tests.support.cluster_ranks import Rank, run_epochs
+from tests.support.devservers import start_s3_server
 
 DEADLINE_S = 600.0
 MODES: dict[str, dict[str, Any]] = {

@@ -1,29 +1,23 @@
 """Shared fixtures: a real S3 endpoint (moto's server in a subprocess) and the real daemon on a Unix socket.
 
-Tools the integration tests need (moto, promtool, ...) must be present under CI=true: `require_tool` fails
-the run there instead of skipping.
+Only fixtures and hooks live here; the plain helpers tests import are in `tests.support` (test modules never
+import a conftest). Tools the integration tests need (moto, promtool, ...) must be present under CI=true:
+a skip fails the run there.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import re
 import shutil
-import tarfile
 import tempfile
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from support.devservers import Daemon, S3Server, start_daemon, start_s3_server
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tests.support.devservers import Daemon, S3Server, start_daemon, start_s3_server
+from tests.support.shards import ShardSet, make_tar_shard
+from tests.support.tools import IN_CI, unavailable
 
 
 def _fail_skip_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -48,93 +42,13 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     _fail_skip_under_ci(outcome.get_result())  # type: ignore[attr-defined]
 
 
-def require_tool(name: str) -> str:
-    """Path of an external tool; skip locally when missing, fail under CI=true."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package for promtool: prometheus)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def api(daemon: Daemon | str, timeout: float = 60.0) -> httpx.Client:
-    """An httpx client speaking to the daemon's Unix socket."""
-    socket = daemon if isinstance(daemon, str) else daemon.socket
-    return httpx.Client(
-        transport=httpx.HTTPTransport(uds=socket), base_url="http://shardcached", timeout=timeout
-    )
-
-
-def metric(daemon: Daemon, name: str, labels: str = "") -> float:
-    """One sample from a live scrape of the metrics listener (0 when absent)."""
-    text = httpx.get(daemon.metrics_url, timeout=10).text
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)"
-    match = re.search(r"^" + pattern + r"$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def wait_for(check: Callable[[], bool], what: str, deadline_s: float = 30.0) -> None:
-    """Poll `check` until it is true; fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {deadline_s:.0f}s waiting for {what}")
-
-
-def make_tar_shard(path: Path, shard_index: int, samples: int, payload_bytes: int = 1024) -> list[str]:
-    """Write a tar shard of `samples` samples (`<key>.bin` + `<key>.json`); return the sample keys."""
-    keys = []
-    with tarfile.open(path, "w") as tar:
-        for i in range(samples):
-            key = f"s{shard_index:04d}_{i:05d}"
-            keys.append(key)
-            body = bytes((shard_index * 31 + i + j) % 256 for j in range(payload_bytes))
-            meta = json.dumps({"shard": shard_index, "index": i}).encode()
-            for field, data in (("bin", body), ("json", meta)):
-                info = tarfile.TarInfo(f"{key}.{field}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return keys
-
-
-@dataclass
-class ShardSet:
-    """Generated tar shards, both on local disk and (when uploaded) in an S3 bucket."""
-
-    local_dir: Path
-    names: list[str]
-    bucket: str | None = None
-
-    @property
-    def local_paths(self) -> list[str]:
-        return [str(self.local_dir / name) for name in self.names]
-
-    @property
-    def s3_urls(self) -> list[str]:
-        assert self.bucket is not None
-        return [f"s3://{self.bucket}/shards/{name}" for name in self.names]
-
-    def size_of(self, name: str) -> int:
-        return (self.local_dir / name).stat().st_size
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.size_of(name) for name in self.names)
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """A real S3 endpoint: moto's server as a subprocess on 127.0.0.1, one per test session."""
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        if IN_CI:
-            pytest.fail("moto[server] is not installed")
-        pytest.skip("moto[server] is not installed")
+        unavailable("moto[server] is not installed")
     server = start_s3_server()
     saved = {k: os.environ.get(k) for k in server.env}
     os.environ.update(server.env)

@@ -7,28 +7,10 @@ the plans tell (current and next epoch), LRU as plain LRU.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str) -> ModuleType:
-    # bench/ is not an installed package; load the modules by path, as the planner's property tests do.
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cluster_sim = _load("bench_cluster")
-belady_sim = _load("belady_sim")
+from bench import belady_sim
+from bench import bench_cluster as cluster_sim
 
 
 def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[object]:

@@ -95,3 +95,22 @@ class FakeDeviceMesh:
 
     def get_local_rank(self, mesh_dim: str) -> int:
         return self._ranks[mesh_dim]
+
+
+def assert_same_samples(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> None:
+    """Equal field sets, types and values (arrays and tensors compared by dtype, shape and content)."""
+    import torch
+
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        assert list(got) == list(want) or set(got) == set(want)
+        for name, value in want.items():
+            other = got[name]
+            assert type(other) is type(value), (name, value, other)
+            if isinstance(value, np.ndarray):
+                assert other.dtype == value.dtype and other.shape == value.shape
+                assert np.array_equal(other, value, equal_nan=value.dtype.kind == "f")
+            elif isinstance(value, torch.Tensor):
+                assert other.dtype == value.dtype and torch.equal(other, value)
+            else:
+                assert other == value, name

@@ -1,8 +1,10 @@
 """One trainer process for the cache tests: iterate a cached tar pipeline as one (dp, tp) rank.
 
-    python cache_worker.py SHARDS CACHE_DIR DP_RANK DP_SIZE TP_RANK TP_SIZE OUT [MAP,...]
+    python -m tests.client.cache_worker SHARDS CACHE_DIR DP_RANK DP_SIZE TP_RANK TP_SIZE OUT [MAP,...]
 
-Writes the keys it received to OUT (JSON). The maps are names of functions in cache_helpers.
+Run from the repository root. Writes the keys it received to OUT (JSON). The maps are names of functions
+in `tests.client.cache_helpers`, imported under the same module name as in the test process, so their
+fingerprints match.
 """
 
 from __future__ import annotations
@@ -11,11 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import cache_helpers  # noqa: E402
-
-from shardcache import DataLoadMesh, Dataset, RuntimeContext  # noqa: E402
+from shardcache import DataLoadMesh, Dataset, RuntimeContext
+from tests.client import cache_helpers
 
 
 def main(argv: list[str]) -> int:

@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_support import worker_context
-from test_telemetry import client_samples
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
-from support.devservers import Daemon
+from tests.client.pipeline_support import worker_context
+from tests.support.daemon_api import client_samples
+from tests.support.devservers import Daemon
 
 
 def reported(daemon: Daemon, name: str, job: str, expected: float) -> float | None:

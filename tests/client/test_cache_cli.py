@@ -11,14 +11,13 @@ import pytest
 
 lance = pytest.importorskip("lance")
 
-import cache_helpers  # noqa: E402
-
-from conftest import make_tar_shard  # noqa: E402
 from shardcache import Dataset, RuntimeContext  # noqa: E402
 from shardcache.cache import cache_ls, cache_rm  # noqa: E402
 from shardcache.cache.cli import main  # noqa: E402
 from shardcache.cache.store import EntryPaths  # noqa: E402
 from shardcache.errors import CacheError  # noqa: E402
+from tests.client import cache_helpers  # noqa: E402
+from tests.support.shards import make_tar_shard  # noqa: E402
 
 
 @pytest.fixture
@@ -40,7 +39,7 @@ def test_ls_lists_fingerprint_state_rows_size_and_pipeline(
     assert len(out) == 3
     for line, entry in zip(out[1:], cache_ls(cache_dir), strict=True):
         assert line.startswith(entry.fingerprint) and " complete " in line and " 5 " in line
-        assert "tars -> map(cache_helpers.add_" in line
+        assert f"tars -> map({cache_helpers.__name__}.add_" in line
 
 
 def test_ls_json_gives_sizes_in_bytes(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

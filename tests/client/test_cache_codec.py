@@ -12,25 +12,7 @@ lance = pytest.importorskip("lance")
 
 from shardcache.cache.codec import RowEncoder, decode_value, encode_value, native_type  # noqa: E402
 from shardcache.cache.writer import read_rows, write_rows  # noqa: E402
-
-
-def assert_same_samples(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> None:
-    """Equal field sets, types and values (arrays and tensors compared by dtype, shape and content)."""
-    import torch
-
-    assert len(actual) == len(expected)
-    for want, got in zip(expected, actual, strict=True):
-        assert list(got) == list(want) or set(got) == set(want)
-        for name, value in want.items():
-            other = got[name]
-            assert type(other) is type(value), (name, value, other)
-            if isinstance(value, np.ndarray):
-                assert other.dtype == value.dtype and other.shape == value.shape
-                assert np.array_equal(other, value, equal_nan=value.dtype.kind == "f")
-            elif isinstance(value, torch.Tensor):
-                assert other.dtype == value.dtype and torch.equal(other, value)
-            else:
-                assert other == value, name
+from tests.client.cache_helpers import assert_same_samples  # noqa: E402
 
 
 def write_and_read(tmp_path: Path, rows: list[dict[str, Any]], **kw: int) -> list[dict[str, Any]]:

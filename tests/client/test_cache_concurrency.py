@@ -15,16 +15,15 @@ import pytest
 
 lance = pytest.importorskip("lance")
 
-import cache_helpers  # noqa: E402
-
-from conftest import make_tar_shard  # noqa: E402
 from shardcache import Dataset, RuntimeContext  # noqa: E402
 from shardcache.cache import cache_ls, materialise, read_rows  # noqa: E402
 from shardcache.cache.identity import plan_fingerprint  # noqa: E402
 from shardcache.cache.store import EntryPaths  # noqa: E402
 from shardcache.errors import CacheError  # noqa: E402
+from tests.client import cache_helpers  # noqa: E402
+from tests.support.shards import make_tar_shard  # noqa: E402
 
-WORKER = Path(__file__).parent / "cache_worker.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -47,7 +46,8 @@ def start_rank(
     env: dict[str, str],
 ) -> subprocess.Popen[bytes]:
     args = [str(a) for a in (tars, cache_dir, dp[0], dp[1], tp[0], tp[1], out, maps)]
-    return subprocess.Popen([sys.executable, str(WORKER), *args], env={**os.environ, **env})
+    command = [sys.executable, "-m", "tests.client.cache_worker", *args]
+    return subprocess.Popen(command, cwd=REPO, env={**os.environ, **env})
 
 
 def test_two_dp_ranks_with_tp_two_compute_and_write_each_row_once(

@@ -13,13 +13,12 @@ import pytest
 
 lance = pytest.importorskip("lance")
 
-import cache_helpers  # noqa: E402
-from test_cache_codec import assert_same_samples  # noqa: E402
-
-from conftest import make_tar_shard  # noqa: E402
 from shardcache import Dataset, RuntimeContext  # noqa: E402
 from shardcache.cache import cache_ls, materialise, read_rows  # noqa: E402
 from shardcache.errors import ConfigError  # noqa: E402
+from tests.client import cache_helpers  # noqa: E402
+from tests.client.cache_helpers import assert_same_samples  # noqa: E402
+from tests.support.shards import make_tar_shard  # noqa: E402
 
 CTX = RuntimeContext()
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tar_shard
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import InsufficientCapacity
+from tests.support.shards import make_tar_shard
 
 # Shards of about 0.7 MiB (two samples of 350 KiB) and 1.4 MiB under a 1 MiB cache.
 SMALL, LARGE = 350 * 1024, 700 * 1024

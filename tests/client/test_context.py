@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_support import FakeDeviceMesh, keys, make_tars
 
 from shardcache import DataLoadMesh, Dataset, RuntimeContext
 from shardcache.errors import ConfigError
+from tests.client.pipeline_support import FakeDeviceMesh, keys, make_tars
 
 
 def mesh_context(dp: int, tp: int, **kw: int) -> RuntimeContext:

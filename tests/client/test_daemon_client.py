@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import NotAllowed, RemoteNotFound
+from tests.support.shards import ShardSet
 
 
 def read_through(client: DaemonClient, url: str) -> bytes:

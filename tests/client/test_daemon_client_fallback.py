@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
 from shardcache.daemon_client import DaemonClient, local_path_of, open_direct
 from shardcache.errors import ConfigError, DaemonUnavailable
+from tests.support.shards import ShardSet
 
 
 @pytest.fixture

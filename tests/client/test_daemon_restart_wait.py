@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, DaemonUnavailable
+from tests.support.shards import ShardSet
 
 
 def read(client: DaemonClient, path: str) -> bytes:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pipeline_support import keys, make_tars
-
 from shardcache import Dataset
 from shardcache.mini_epochs import mini_epochs
 from shardcache.mixing import MixSource
+from tests.client.pipeline_support import keys, make_tars
 
 
 def test_dataset_mix_builds_a_mixed_dataset_with_the_planned_counts(tmp_path: Path) -> None:

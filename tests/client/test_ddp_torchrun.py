@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import write_tar
 
-from conftest import metric
+from tests.client.pipeline_support import write_tar
+from tests.support.daemon_api import metric
 
 pytest.importorskip("torch.distributed")
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipeline_support import worker_context
 
-from conftest import make_tar_shard
 from shardcache import Dataset, RuntimeContext, StateError, UnsupportedResume, merge_states
+from tests.client.pipeline_support import worker_context
+from tests.support.shards import make_tar_shard
 
 SHARDS = 24
 

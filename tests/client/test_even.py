@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import assert_resumes, slot_contexts, worker_context, write_tar
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.shards import write_manifest
+from tests.client.pipeline_support import assert_resumes, slot_contexts, worker_context, write_tar
 
 TAR_SAMPLES = (23, 7, 31, 12, 5, 19, 28)  # 125 samples in 7 shards of unequal size
 JSONL_LINES = (17, 4, 26, 9, 11)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_support import keys, make_tars, slot_contexts
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.mini_epochs import epoch_shard_order, mini_epochs
+from tests.client.pipeline_support import keys, make_tars, slot_contexts
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_support import make_tars
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
 from shardcache.sources.schedule import slot_order
+from tests.client.pipeline_support import make_tars
 
 
 def resident(client: DaemonClient) -> dict[str, float | None]:

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import assert_resumes, make_tars, slot_contexts
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.mix_plan import plan_mix
 from shardcache.mixing import MixSource, mix
+from tests.client.pipeline_support import assert_resumes, make_tars, slot_contexts
 
 
 def origin(sample: Any) -> str:

@@ -6,11 +6,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pipeline_support import make_tars, worker_context
 
 from shardcache import Dataset
 from shardcache.mix_plan import plan_mix
 from shardcache.mixing import mix
+from tests.client.pipeline_support import make_tars, worker_context
 
 
 def origin(sample: dict[str, bytes]) -> str:

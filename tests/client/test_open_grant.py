@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import DaemonError
 from shardcache_protocol import OpenGrant
+from tests.support.shards import ShardSet
 
 
 class _NotAGrant(http.server.BaseHTTPRequestHandler):

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import assert_resumes, make_tars
 
 from shardcache import ConfigError, Dataset, TorchLoader
 from shardcache.stages.balance import Status, Transfer, plan_chunk
+from tests.client.pipeline_support import assert_resumes, make_tars
 
 WORKER = Path(__file__).with_name("balance_worker.py")
 

@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import assert_resumes, slot_contexts
 
 from shardcache import ConfigError, Dataset, RuntimeContext
+from tests.client.pipeline_support import assert_resumes, slot_contexts
 
 
 class Files:
@@ -135,9 +135,8 @@ def keep(item: Any) -> Any:
 
 def test_a_mixed_source_through_torch_loader_workers_reads_each_sample_once(files: Files) -> None:
     pytest.importorskip("torch.utils.data")
-    from pipeline_support import worker_context
-
     from shardcache import TorchLoader
+    from tests.client.pipeline_support import worker_context
 
     loader = TorchLoader(
         mixed(files, "round_robin", context=None),

@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import assert_resumes, make_tars, slot_contexts
 
 from shardcache import ConfigError, Dataset, RuntimeContext
 from shardcache.subsets import select
+from tests.client.pipeline_support import assert_resumes, make_tars, slot_contexts
 
 
 class Files:

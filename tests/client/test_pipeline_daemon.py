@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pipeline_support import keys, make_tars, write_tar
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable
+from tests.client.pipeline_support import keys, make_tars, write_tar
 
 
 def strip(samples: list[dict[str, object]]) -> list[dict[str, object]]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from conftest import make_tar_shard
 from shardcache import Dataset, RuntimeContext
+from tests.support.shards import make_tar_shard
 
 SHARDS = 24
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline_support import keys, make_tars
-
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
 from shardcache.sources.schedule import slot_order
+from tests.client.pipeline_support import keys, make_tars
 
 DEADLINE_S = 30.0
 

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pipeline_support import Resumable, assert_resumes, make_tars, worker_context
 
 from shardcache import Dataset, RuntimeContext, StateError
+from tests.client.pipeline_support import Resumable, assert_resumes, make_tars, worker_context
 
 
 def add_len(sample: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import make_tars, worker_context
+
+from tests.client.pipeline_support import make_tars, worker_context
 
 pytest.importorskip("torch.utils.data")
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import keys, make_tars
 
 from shardcache import Dataset
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef, expand_shards, write_manifest
+from tests.client.pipeline_support import keys, make_tars
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from pipeline_support import worker_context
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, RemoteNotFound
+from tests.client.pipeline_support import worker_context
 
 SAMPLES = 4
 

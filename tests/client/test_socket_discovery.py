@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ShardSet
 from shardcache.daemon_client import DaemonClient
 from shardcache.discovery import discover
+from tests.support.shards import ShardSet
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pipeline_support import keys, make_tars, slot_contexts, write_tar
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError, CorruptShardError
+from tests.client.pipeline_support import keys, make_tars, slot_contexts, write_tar
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_support import make_tars, slot_contexts
 
 from shardcache import Dataset
 from shardcache.errors import ConfigError
+from tests.client.pipeline_support import make_tars, slot_contexts
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> str:

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import make_tars
 
 from shardcache import ConfigError, Dataset
+from tests.client.pipeline_support import make_tars
 
 BAD_CALLS = {
     "map": lambda f: f.map(3),

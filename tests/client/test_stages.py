@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import keys, make_tars
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError, StateError
+from tests.client.pipeline_support import keys, make_tars
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from pipeline_support import write_tar
 
 from shardcache.errors import CorruptShardError
 from shardcache.sources.tarfmt import (
@@ -18,6 +17,7 @@ from shardcache.sources.tarfmt import (
     sample_offset,
     split_key,
 )
+from tests.client.pipeline_support import write_tar
 
 LONG = "d/" + "x" * 150 + "/k1.txt"
 

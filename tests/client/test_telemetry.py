@@ -6,25 +6,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shardcache.telemetry import Telemetry, count_items
 from shardcache.transport import Transport
-from support.devservers import Daemon
-
-
-def client_samples(daemon: Daemon) -> dict[tuple[str, str, str], float]:
-    """`(sample name, job, slot) -> value` of the daemon's `shardcache_client_*` series."""
-    text = httpx.get(daemon.metrics_url, timeout=10).text
-    return {
-        (sample.name, sample.labels["training_job"], sample.labels["slot"]): sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name.startswith("shardcache_client_")
-        for sample in family.samples
-        if sample.name.endswith("_total")
-    }
+from tests.support.daemon_api import client_samples
+from tests.support.devservers import Daemon
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_telemetry import client_samples
 
-from conftest import ShardSet
 from shardcache import Dataset
 from shardcache.jobs import default_job, script_name
 from shardcache.telemetry import Telemetry, count_items
+from tests.support.daemon_api import client_samples
+from tests.support.shards import ShardSet
 
 TOTAL = 4 * 8  # local_shards: four shards of eight samples
 
@@ -61,9 +61,8 @@ def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict( 
     local_shards: ShardSet, daemon_factory
 ) -> None:
     pytest.importorskip("torch")
-    from pipeline_support import worker_context
-
     from shardcache import TorchLoader
+    from tests.client.pipeline_support import worker_context
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="nested")
@@ -80,9 +79,8 @@ def test_a_torch_loader_without_batches_counts_one_sample_per_item(  # type: ign
     local_shards: ShardSet, daemon_factory
 ) -> None:
     pytest.importorskip("torch")
-    from pipeline_support import worker_context
-
     from shardcache import TorchLoader
+    from tests.client.pipeline_support import worker_context
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="single")

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_ranks import Rank, read_part, read_rest, run_epochs
-from cluster_support import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
 
-from conftest import make_tar_shard
 from shardcache import merge_states
 from shardcache.sources.partition import owners, weights_of
+from tests.support.cluster import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
+from tests.support.cluster_ranks import Rank, read_part, read_rest, run_epochs
+from tests.support.shards import make_tar_shard
 
 PER_NODE = 2
 EPOCHS = 3

@@ -1,5 +1,5 @@
-"""Helpers for the daemon's integration tests: an HTTP client over the Unix socket, a metrics scraper and
-a throttling/faulty TCP proxy in front of the S3 endpoint (failures are injected there, not by patching)."""
+"""Helpers of the daemon's integration tests: the cache directory's files, and a throttling/faulty TCP proxy
+in front of the S3 endpoint (failures are injected there, not by patching)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import api, metric, wait_for  # noqa: F401 - shared helpers, re-exported here
 from shardcached.dirlock import LOCK_NAME
 
 

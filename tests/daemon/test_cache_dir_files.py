@@ -8,12 +8,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_helpers import api
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
 from shardcached.api import _NoFollowFileResponse
+from tests.support.daemon_api import api
 
 
 def test_a_shard_file_replaced_by_a_symlink_is_fetched_again_instead_of_streamed(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon_helpers import api, metric
+from tests.support.daemon_api import api, metric
 
 
 def _cache_bytes(cache_dir: Path) -> int:

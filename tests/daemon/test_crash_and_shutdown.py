@@ -9,9 +9,11 @@ import threading
 from pathlib import Path
 
 import httpx
-from daemon_helpers import Proxy, api, files_in, wait_for
 
-from support.devservers import Daemon, free_tcp_port
+from tests.daemon.daemon_helpers import Proxy, files_in
+from tests.support.daemon_api import api
+from tests.support.devservers import Daemon, free_tcp_port
+from tests.support.polling import wait_for
 
 TEMP_PREFIX = ".tmp-"
 SMALL_CHUNKS = {"SHARDCACHE_CHUNK_BYTES": str(64 * 1024)}  # so a temp file grows while we look

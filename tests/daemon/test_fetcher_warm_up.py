@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from daemon_helpers import Proxy
 
 from shardcached.fetcher import Fetcher
-from support.devservers import S3Server
+from tests.daemon.daemon_helpers import Proxy
+from tests.support.devservers import S3Server
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import httpx
-from daemon_helpers import api, metric
 
-from conftest import require_tool
+from tests.support.daemon_api import api, metric
+from tests.support.tools import require_tool
 
 DESIGN_METRICS = [
     "shardcache_requests_total",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from daemon_helpers import api, metric, wait_for
+
+from tests.support.daemon_api import api, metric
+from tests.support.polling import wait_for
 
 
 def open_and_release(http: httpx.Client, url: str, plan: str | None = None) -> bool:

@@ -6,9 +6,11 @@ import threading
 from pathlib import Path
 
 import httpx
-from daemon_helpers import Proxy, api, metric, wait_for
 
-from support.devservers import S3Server
+from tests.daemon.daemon_helpers import Proxy
+from tests.support.daemon_api import api, metric
+from tests.support.devservers import S3Server
+from tests.support.polling import wait_for
 
 
 def stats(http: httpx.Client) -> dict[str, object]:

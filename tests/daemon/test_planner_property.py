@@ -14,31 +14,15 @@ What is proved (for unit-sized shards, demand fetches only):
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from bench import belady_sim as sim
 from shardcached.planner import Planner
 
-
-def _load_simulator() -> ModuleType:
-    # bench/ is not an installed package; load the shared simulator by path (the benchmarks use it too).
-    path = Path(__file__).resolve().parents[2] / "bench" / "belady_sim.py"
-    spec = importlib.util.spec_from_file_location("belady_sim", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("belady_sim", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = _load_simulator()
 Access = sim.Access
 
 

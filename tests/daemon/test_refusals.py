@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from daemon_helpers import api
 
-from conftest import make_tar_shard
-from support.devservers import Daemon, start_daemon
+from tests.support.daemon_api import api
+from tests.support.devservers import Daemon, start_daemon
+from tests.support.shards import make_tar_shard
 
 
 @pytest.fixture(scope="module")

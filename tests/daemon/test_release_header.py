@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import socket
 
-from daemon_helpers import api
-
 from shardcache.daemon_client import DaemonClient
+from tests.support.daemon_api import api
 
 
 def pinned(daemon) -> dict[str, bool]:  # type: ignore[no-untyped-def]

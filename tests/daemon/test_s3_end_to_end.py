@@ -5,7 +5,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from daemon_helpers import Proxy, api, metric
+from tests.daemon.daemon_helpers import Proxy
+from tests.support.daemon_api import api, metric
 
 
 def test_first_open_misses_and_second_hits(make_bucket, daemon_factory):

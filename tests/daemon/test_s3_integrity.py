@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import api, files_in
 
-from conftest import ShardSet, make_tar_shard
-from support.devservers import Daemon, start_daemon
+from tests.daemon.daemon_helpers import files_in
+from tests.support.daemon_api import api
+from tests.support.devservers import Daemon, start_daemon
+from tests.support.shards import ShardSet, make_tar_shard
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_helpers import api
+
+from tests.support.daemon_api import api
 
 
 @pytest.fixture

@@ -6,13 +6,10 @@ undocumented name fails, and test_prometheus_live.py checks the document against
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,24 +17,6 @@ DEPLOY = REPO / "deploy"
 DOCS = REPO / "docs"
 PROMETHEUS = DEPLOY / "prometheus"
 RULES_FILE = PROMETHEUS / "rules" / "shardcache.rules.yml"
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require_tool(name: str) -> str:
-    """Path of an external tool; skip locally when missing, fail under CI=true.
-
-    The same rule as tests/conftest.py's helper, kept here because test modules cannot import a conftest
-    reliably (its module name depends on which test directories are packages).
-    """
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian packages: prometheus for promtool, systemd)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
 
 # The metrics DESIGN.md promises (the public contract); docs/metrics.md must document each of them.
 DESIGN_METRICS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .deploy_files import DOCS, REPO, dockerfile_instructions
+from tests.deploy.deploy_files import DOCS, REPO, dockerfile_instructions
 
 DOCKERFILE = REPO / "Dockerfile"
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .deploy_files import DEPLOY, documented_metrics, promql_metric_names, recorded_names, series_names
+from tests.deploy.deploy_files import (
+    DEPLOY,
+    documented_metrics,
+    promql_metric_names,
+    recorded_names,
+    series_names,
+)
 
 DASHBOARD = DEPLOY / "grafana" / "shardcache.json"
 

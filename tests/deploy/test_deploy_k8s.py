@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as k8s_validate
 
-from .deploy_files import DEPLOY
+from tests.deploy.deploy_files import DEPLOY
 
 K8S = DEPLOY / "k8s"
 # The oldest Kubernetes minor still commonly run, and the newest the validator knows.

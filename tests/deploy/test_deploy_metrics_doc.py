@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .deploy_files import DESIGN_METRICS, DOCS, documented_metrics, load_rules, recorded_names
+from tests.deploy.deploy_files import DESIGN_METRICS, DOCS, documented_metrics, load_rules, recorded_names
 
 
 def test_every_contract_metric_is_documented_with_its_type() -> None:

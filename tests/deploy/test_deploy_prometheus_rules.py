@@ -6,15 +6,15 @@ import subprocess
 
 import yaml
 
-from .deploy_files import (
+from tests.deploy.deploy_files import (
     PROMETHEUS,
     RULES_FILE,
     documented_metrics,
     load_rules,
     promql_metric_names,
-    require_tool,
     series_names,
 )
+from tests.support.tools import require_tool
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

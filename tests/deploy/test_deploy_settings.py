@@ -16,8 +16,7 @@ import yaml
 
 from shardcached.__main__ import build_parser
 from shardcached.config import Settings, load_settings
-
-from .deploy_files import DEPLOY, DOCS, REPO, dockerfile_instructions, unit_directives
+from tests.deploy.deploy_files import DEPLOY, DOCS, REPO, dockerfile_instructions, unit_directives
 
 
 def _settings(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_files import DEPLOY, require_tool, unit_directives
+from tests.deploy.deploy_files import DEPLOY, unit_directives
+from tests.support.tools import require_tool
 
 UNIT = DEPLOY / "systemd" / "shardcached.service"
 ENV_FILE = DEPLOY / "systemd" / "shardcached.env"

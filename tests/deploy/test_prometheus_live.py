@@ -18,9 +18,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.devservers import Daemon, free_tcp_port, stop_process
-
-from .deploy_files import DEPLOY, PROMETHEUS, RULES_FILE, documented_metrics, require_tool
+from tests.deploy.deploy_files import DEPLOY, PROMETHEUS, RULES_FILE, documented_metrics
+from tests.support.devservers import Daemon, free_tcp_port, stop_process
+from tests.support.tools import require_tool
 
 DEADLINE_S = 60.0
 

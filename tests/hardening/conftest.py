@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .faultproxy import FaultProxy
+from tests.hardening.faultproxy import FaultProxy
 
 
 @pytest.fixture

@@ -268,3 +268,8 @@ def _send_error(client: socket.socket, code: str) -> None:
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     client.sendall(head.encode() + body)
+
+
+def proxy_env(proxy: FaultProxy) -> dict[str, str]:
+    """Environment that sends a daemon's S3 traffic through `proxy`."""
+    return {"AWS_ENDPOINT_URL_S3": proxy.endpoint, "AWS_ENDPOINT_URL": proxy.endpoint}

@@ -10,8 +10,9 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import RemoteFailed
-
-from .support import api, assert_cache_intact, metric, proxy_env
+from tests.hardening.cache_checks import assert_cache_intact
+from tests.hardening.faultproxy import proxy_env
+from tests.support.daemon_api import api, metric
 
 FAST_RETRIES = [
     "--retries",

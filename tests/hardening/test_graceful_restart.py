@@ -19,8 +19,9 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_client import DaemonClient
-
-from .support import api, proxy_env, wait_for
+from tests.hardening.faultproxy import proxy_env
+from tests.support.daemon_api import api
+from tests.support.polling import wait_for
 
 RESTARTS = 3
 SHARDS, SAMPLES = 16, 4

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from shardcached.dirlock import LOCK_NAME
-from support.devservers import Daemon, stop_process
-
-from .support import api, metric, wait_for
+from tests.support.daemon_api import api, metric
+from tests.support.devservers import Daemon, stop_process
+from tests.support.polling import wait_for
 
 CLIENT = Path(__file__).with_name("load_client.py")
 PROCESSES, THREADS = 4, 16

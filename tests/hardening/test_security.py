@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from shardcached.keys import cache_key
-
-from .support import api
+from tests.support.daemon_api import api
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):

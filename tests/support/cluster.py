@@ -1,7 +1,7 @@
 """A simulated cluster: one moto S3 endpoint, one real daemon per node (own cache dir, socket and metrics
 port), and ranks as processes reading through their node's daemon.
 
-Plain helpers (tests/conftest.py owns the module name `conftest`): `upload_cluster_data` (tar shards of
+Used by tests/cluster/ and bench/bench_cluster_daemons.py: `upload_cluster_data` (tar shards of
 unequal sizes in a fresh bucket, with their sizes and sample keys), `NodeSet` (per-node daemons, started in
 parallel, stopped together) and `rank_process_context` (what rank processes start from).
 """
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from shardcache.shards import ShardRef
-from support.devservers import Daemon, start_daemon
+from tests.support.devservers import Daemon, start_daemon
 
 SHARDS = 48
 

@@ -1,14 +1,10 @@
-"""Helpers of the hardening tests: an API client on the daemon's socket, scrapes, polling, cache checks."""
+"""Checks of a cache directory in the hardening tests: what it publishes, and that each shard is intact."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-
-from conftest import api, metric, wait_for  # noqa: F401 - shared helpers, re-exported here
-
-from .faultproxy import FaultProxy
 
 
 def sha256(path: Path) -> str:
@@ -37,8 +33,3 @@ def assert_cache_intact(cache_dir: Path, originals: dict[str, Path]) -> int:
     leftovers = [p.name for p in cache_dir.iterdir() if p.name.startswith(".tmp-")]
     assert leftovers == [], f"temp files left in the cache: {leftovers}"
     return len(shards)
-
-
-def proxy_env(proxy: FaultProxy) -> dict[str, str]:
-    """Environment that sends a daemon's S3 traffic through `proxy`."""
-    return {"AWS_ENDPOINT_URL_S3": proxy.endpoint, "AWS_ENDPOINT_URL": proxy.endpoint}
