@@ -2,12 +2,12 @@
 
 Recommended pattern: workers emit micro-batches (`batch_size=32, collate_fn=lambda x: x`), then `.unbatch()`,
 a loader-side `.shuffle(...)` that mixes samples across workers, optional `.assemble(...)`, and `.batch(...)`.
+Resume states (identity, checks, the workers' start states) are `shardcache.loader_resume`.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
-from shardcache.errors import ConfigError, StateError
+from shardcache.errors import ConfigError
+from shardcache.loader_resume import STATE_VERSION as STATE_VERSION
+from shardcache.loader_resume import LoaderRuntime, check_loaded, header, resume_start
+from shardcache.loader_resume import fingerprint as loader_fingerprint
 from shardcache.loader_stream import MergeNode, WorkerLauncher, WorkerStream
 from shardcache.stages import Node, Stage, builders
 
@@ -31,9 +34,6 @@ def _torch_data() -> Any:
             "TorchLoader needs PyTorch: install the torch extra (pip install 'shardcache[torch]')"
         ) from exc
     return data
-
-
-STATE_VERSION = 1
 
 
 class LoaderIterator:
@@ -92,14 +92,6 @@ def _close_all(node: Node, telemetry: Telemetry | None) -> None:
             telemetry.close(wait=False)  # the reporting thread sends the last figures
 
 
-class _Runtime:
-    __slots__ = ("iterator", "pending")
-
-    def __init__(self) -> None:
-        self.iterator: LoaderIterator | None = None
-        self.pending: dict[str, Any] | None = None
-
-
 class TorchLoader:
     """A `torch.utils.data.DataLoader` over `dataset`, with loader-side stages in the main process.
 
@@ -153,7 +145,7 @@ class TorchLoader:
         self.collate_fn = collate_fn
         self.loader_kwargs = loader_kwargs
         self.stages: tuple[Stage, ...] = tuple(_stages)
-        self._runtime = _Runtime()
+        self._runtime = LoaderRuntime()
 
     def _add(self, stage: Stage) -> TorchLoader:
         return TorchLoader(
@@ -205,27 +197,11 @@ class TorchLoader:
 
     def fingerprint(self) -> str:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
-        return self._fingerprint(self.num_workers)
-
-    def _fingerprint(self, num_workers: int) -> str:
-        from shardcache.stages.map import callable_name
-
-        collate = None if self.collate_fn is None else callable_name(self.collate_fn)
-        parts = [
-            self.dataset.fingerprint(),
-            f"workers={num_workers} batch={self.batch_size} collate={collate} "
-            f"drop_last={bool(self.loader_kwargs.get('drop_last', False))}",
-            *(stage.describe() for stage in self.stages),
-        ]
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+        return loader_fingerprint(self, self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the most recent iteration (or the state loaded and not yet used)."""
-        if self._runtime.iterator is not None:
-            return self._runtime.iterator.state_dict()
-        if self._runtime.pending is not None:
-            return self._runtime.pending
-        raise StateError("TorchLoader.state_dict(): this loader has not been iterated yet; iterate it first")
+        return self._runtime.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume from `state` (as taken by `state_dict()`).
@@ -234,113 +210,8 @@ class TorchLoader:
             StateError: a state of another version, pipeline, batching or stage list, or taken with another
                 num_workers or data-parallel layout.
         """
-        from shardcache.elastic import check_merged, is_merged
-
-        if is_merged(state):
-            if state.get("of") != "torch_loader":
-                raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
-            # An elastic resume may change num_workers: the rest of the loader must be the same.
-            saved = (state.get("states") or [{}])[0]
-            workers = saved.get("num_workers", self.num_workers)
-            check_merged(state, self._fingerprint(workers), self._parts(workers))
-        else:
-            self._check_state(state, self.dataset.resolve_context())
+        check_loaded(self, state)
         self._runtime.pending = state
-
-    def _parts(self, num_workers: int) -> list[str]:
-        """Short descriptions of the dataset, the loader's batching and its stages (`resume_check`)."""
-        from shardcache.stages.map import callable_name
-
-        collate = None if self.collate_fn is None else callable_name(self.collate_fn)
-        drop_last = bool(self.loader_kwargs.get("drop_last", False))
-        return [
-            *self.dataset.parts(),
-            f"loader({num_workers},{self.batch_size},{collate},{drop_last})",
-            *(stage.describe() for stage in self.stages),
-        ]
-
-    def _header(self, ctx: RuntimeContext) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "kind": "torch_loader",
-            "fingerprint": self.fingerprint(),
-            "stages": self._parts(self.num_workers),
-            "num_workers": self.num_workers,
-            "dp_rank": ctx.dp_rank,
-            "dp_size": ctx.dp_size,
-            "node_groups": ctx.node_groups,
-            "epoch": ctx.epoch,
-        }
-
-    def _check_state(self, state: Any, ctx: RuntimeContext) -> None:
-        if not isinstance(state, dict) or state.get("kind") != "torch_loader":
-            raise StateError("resume state was not taken from a TorchLoader (use Dataset.load_state_dict)")
-        if state.get("version") != STATE_VERSION:
-            raise StateError(
-                f"TorchLoader resume state version {state.get('version')!r} is not supported "
-                f"(expected {STATE_VERSION})"
-            )
-        if state.get("num_workers") != self.num_workers:
-            raise StateError(
-                f"resume state was taken with num_workers={state.get('num_workers')}, this TorchLoader has "
-                f"num_workers={self.num_workers}; resume with the same number of workers"
-            )
-        if (state.get("dp_rank"), state.get("dp_size")) != (ctx.dp_rank, ctx.dp_size):
-            raise StateError(
-                f"resume state is for data-parallel rank {state.get('dp_rank')} of {state.get('dp_size')}, "
-                f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size"
-            )
-        if state.get("fingerprint") != self.fingerprint():
-            from shardcache.resume_check import mismatch_message
-
-            raise StateError(
-                "resume state was taken from a TorchLoader with another dataset, batching or stage list: "
-                f"{mismatch_message(state, self._parts(self.num_workers))} "
-                f"(fingerprint {state.get('fingerprint')} != {self.fingerprint()})"
-            )
-        if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
-            raise StateError("TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated")
-
-    def _from_merged(
-        self, merged: dict[str, Any], ctx: RuntimeContext
-    ) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
-        """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
-        from shardcache.elastic import elastic_state, origin_of, source_position
-
-        states = merged["states"]
-        first = states[0]
-        unchanged = (first.get("dp_size"), first.get("num_workers"), first.get("node_groups")) == (
-            ctx.dp_size,
-            self.num_workers,
-            ctx.node_groups,
-        )
-        if unchanged:
-            return states[ctx.dp_rank], {}, int(merged["epoch"])
-        entries: list[tuple[int, dict[str, Any] | None, bool]] = []
-        for state in states:
-            merge = state["pipeline"]
-            for stage in reversed(self.stages):
-                if stage.kind not in ("map", "batch"):
-                    from shardcache.errors import UnsupportedResume
-
-                    raise UnsupportedResume(
-                        "an elastic resume (another number of nodes, ranks or workers) cannot go through the "
-                        f"loader-side .{stage.describe()}: it holds items back. Resume on the same topology "
-                        "with each rank's own state, or keep only map and batch stages on the loader"
-                    )
-                merge = merge["up"]
-            streams = max(1, int(state["num_workers"]))
-            done = set(merge.get("exhausted", ()))
-            for w in range(streams):
-                slot = int(state["dp_rank"]) * streams + w
-                worker = merge["workers"].get(str(w))
-                position = (
-                    None if worker is None else source_position(self.dataset.stages, worker["pipeline"])
-                )
-                entries.append((slot, position, w in done))
-        origin = origin_of(entries, int(merged["epoch"]))
-        start = elastic_state(self.dataset.fingerprint(), origin)
-        return None, {w: start for w in range(max(1, self.num_workers))}, int(merged["epoch"])
 
     # -- iteration ------------------------------------------------------------------------------------------
 
@@ -364,13 +235,7 @@ class TorchLoader:
         # Counted once here, in the main process; the workers get the counts with the pickled dataset.
         self.dataset.count_samples()
         pending, self._runtime.pending = self._runtime.pending, None
-        worker_states: dict[int, Any] = {}
-        if pending is not None and pending.get("kind") == "merged":
-            pending, worker_states, epoch = self._from_merged(pending, ctx)
-            ctx = ctx.with_epoch(epoch)
-        if pending is not None:
-            self._check_state(pending, ctx)
-            ctx = ctx.with_epoch(int(pending["epoch"]))
+        pending, worker_states, ctx = resume_start(self, pending, ctx)
         kwargs = dict(self.loader_kwargs)
         drop_last = bool(kwargs.pop("drop_last", False))
         stream = WorkerStream(
@@ -383,7 +248,7 @@ class TorchLoader:
             node = stage.node(node, ctx)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
-        iterator = LoaderIterator(node, self._header(ctx), self._telemetry(node, ctx))
+        iterator = LoaderIterator(node, header(self, ctx), self._telemetry(node, ctx))
         self._runtime.iterator = iterator
         return iterator
 
