@@ -141,6 +141,8 @@ def test_three_graceful_restarts_under_dataloader_workers_yield_the_uninterrupte
         num_workers=2,
         batch_size=2,
         collate_fn=list,
-        multiprocessing_context=worker_context(),
+        # spawn, not the session's forkserver: that server may have started before this session's S3
+        # credentials were in the environment, and these direct reads need them.
+        multiprocessing_context="spawn",
     )
     assert got == [s["__key__"] for batch in direct for s in batch]
