@@ -242,11 +242,12 @@ class Dataset:
         check_loaded(self, state)
         self._runtime.pending = state
 
-    def count_samples(self, context: RuntimeContext | None = None) -> None:
+    def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
         """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
 
         `Dataset.__iter__` and `TorchLoader` call it in the trainer's main process; call it yourself before
-        handing the dataset to a plain torch DataLoader, whose workers cannot share counts.
+        handing the dataset to a plain torch DataLoader, whose workers cannot share counts. `always`: count
+        without `even=` too (an elastic resume through a shuffle counts its progress in samples).
         """
         self._runtime.facts.capture()
         if self._source.kind == "mix" or any(stage.kind == "cache" for stage in self._stages):
@@ -254,7 +255,7 @@ class Dataset:
         node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
         if not isinstance(node, SourceNode) or not node.partitionable or node.counted_by_metadata:
             return
-        if node.partitioning.even is not None:
+        if node.partitioning.even is not None or always:
             from shardcache.subsets import select_units
 
             units = select_units(self._source.kind, node.units(), self._source.options.get("subset"))

@@ -18,11 +18,14 @@ keeps each piece on the new owner of its unit, `even=` cuts them equally) and th
 epoch is planned normally. A resume on the same layout loads each rank's own state instead, so the order is
 exactly the uninterrupted one.
 
-What an elastic resume supports: pipelines whose stages after the source only map, select or batch (their
-state is the source's position); in a TorchLoader the same for the loader-side stages. Stages that hold
-samples back (shuffle, assemble, unbatch) are refused with `UnsupportedResume` naming the stage: resume on
-the same topology, or move the shuffle before a `.batch()`-free point. Under `even="drop"` the resumed
-epoch leaves out fewer than the new world size of the remaining samples again.
+What an elastic resume supports: stages after the source that map, select or batch (their state is the
+source's position), and one shuffle with only map and select before it (its state holds how many samples
+it took and emitted; which ones are still buffered is replayed from those numbers, the way the shuffle's
+own resume does, so the new readers read them too). In a TorchLoader the same holds for the workers'
+pipelines; the loader-side stages may map and batch. Other stages hold samples back in ways no state
+records (assemble, unbatch, a shuffle after a batch): refused with `UnsupportedResume` naming the stage,
+resume those on the same topology. Under `even="drop"` the resumed epoch leaves out fewer than the new
+world size of the remaining samples again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+from shardcache.stages.shuffle import ShuffleStage
 
 if TYPE_CHECKING:
     from shardcache.dataset import Dataset
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 MERGED_VERSION = 1
 # Stages whose state is just their upstream's position (nothing held back).
 POSITION_STAGES = ("map", "select", "batch")
+# Stages that turn each input into exactly one output (what may run below a shuffle).
+ONE_TO_ONE_STAGES = ("map", "select")
 
 
 def is_merged(state: Any) -> bool:
@@ -109,23 +115,37 @@ def check_merged(state: dict[str, Any], fingerprint: str, parts: Sequence[str]) 
 
 
 def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[str, Any]:
-    """The source's state under a chain of position-only stages (see the module)."""
+    """A slot's progress through its epoch: the source's state, read through the stages.
+
+    Position-only stages (map, select, batch) pass the source's position through. One `shuffle` stage is
+    allowed when only map and select run below it (one input per sample): its state says how many inputs
+    it took and emitted, and which are still in its buffer is replayed from those numbers; the result then
+    carries `taken` and `emitted` beside the source's state. Other stages hold samples back in ways no
+    state records: refused, naming the stage.
+    """
     state = pipeline
+    progress: dict[str, Any] = {}
     for stage in reversed(stages):
-        if stage.kind not in POSITION_STAGES:
+        if stage.kind == "shuffle" and not progress:
+            progress = {"taken": state["taken"], "emitted": state["emitted"]}
+        elif stage.kind not in (POSITION_STAGES if not progress else ONE_TO_ONE_STAGES):
+            below = " below a shuffle" if progress else ""
             raise UnsupportedResume(
                 f"an elastic resume (another number of nodes, ranks or workers) cannot go through "
-                f".{stage.describe()}: it holds samples back. Resume on the same topology with each rank's "
-                f"own state, or keep only {', '.join(POSITION_STAGES)} stages after the source"
+                f".{stage.describe()}{below}: it holds samples back. Resume on the same topology with each "
+                f"rank's own state, or keep only {', '.join(POSITION_STAGES)} stages and one shuffle "
+                "(with only map and select before it) after the source"
             )
         state = state["up"]
     if "pos" not in state:
         raise UnsupportedResume("an elastic resume needs a pipeline over one shard source (not a mix)")
-    return state
+    return {**state, **progress}
 
 
-def origin_of(entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch: int) -> dict[str, Any]:
-    """The compact description of what an epoch had left: (slot, source state or None, exhausted)."""
+def origin_of(
+    entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch: int, stages: Sequence[Stage] = ()
+) -> dict[str, Any]:
+    """The compact description of what an epoch had left: (slot, progress or None, exhausted)."""
     started = [state for _, state, _ in entries if state is not None]
     for state in started:
         if state.get("round", 0):
@@ -133,23 +153,30 @@ def origin_of(entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch:
                 "an elastic resume of a resampling source (resample=True) is not supported"
             )
     first = started[0] if started else None
+    shuffle = next((s for s in stages if isinstance(s, ShuffleStage)), None)
     return {
         "epoch": epoch,
         "layout": None if first is None else first["layout"],
         "partitioning": None if first is None else first["partitioning"],
-        "slots": {
-            str(slot): [state["pos"], state["index"]] for slot, state, _ in entries if state is not None
-        },
+        "slots": {str(slot): _progress(state) for slot, state, _ in entries if state is not None},
         "exhausted": sorted(slot for slot, _, done in entries if done),
         "origin": None if first is None else first.get("origin"),
+        # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
+        "shuffle": None if shuffle is None else [shuffle.buffer_size, shuffle.initial, shuffle.seed],
     }
+
+
+def _progress(state: dict[str, Any]) -> list[int] | dict[str, int]:
+    if "taken" in state:
+        return {"taken": state["taken"], "emitted": state["emitted"]}
+    return [state["pos"], state["index"]]
 
 
 def dataset_origin(dataset: Dataset, merged: dict[str, Any]) -> dict[str, Any]:
     entries = [
         (int(s["slot"]), source_position(dataset.stages, s["pipeline"]), False) for s in merged["states"]
     ]
-    return origin_of(entries, int(merged["epoch"]))
+    return origin_of(entries, int(merged["epoch"]), dataset.stages)
 
 
 def own_or_origin(
@@ -188,12 +215,14 @@ def elastic_state(fingerprint: str, origin: dict[str, Any]) -> dict[str, Any]:
 
 
 def needs_counts(origin: dict[str, Any] | None) -> bool:
-    """Whether replaying `origin` (and the origins it resumed) needs every unit's sample count: only an
-    epoch cut with even= does; whole units are replayed by position without counting (which would read
-    every shard of the dataset on every rank)."""
+    """Whether replaying `origin` (and the origins it resumed) needs every unit's sample count: an epoch
+    cut with even= does, and so does a shuffle's progress (counted in samples); whole units are replayed
+    by position without counting (which would read every shard of the dataset on every rank)."""
     while origin is not None:
         partitioning = origin.get("partitioning")
         if partitioning is not None and partitioning[1] is not None:
+            return True
+        if any(isinstance(p, dict) for p in origin.get("slots", {}).values()):
             return True
         origin = origin.get("origin")
     return False
@@ -233,7 +262,11 @@ def remaining_pieces(
     for slot, pieces in enumerate(plan):
         if slot in exhausted:
             continue
-        pos, index = origin["slots"].get(str(slot), (0, 0))
+        progress = origin["slots"].get(str(slot), (0, 0))
+        if isinstance(progress, dict):
+            left.extend(_not_emitted(pieces, progress, _shuffle_node(node, origin, layout, slot)))
+            continue
+        pos, index = progress
         if pos < len(pieces):
             current = pieces[pos]
             start = current.start + index
@@ -247,3 +280,40 @@ def _sized(piece: Piece, counts: list[int] | None) -> Piece:
     if piece.stop is not None or counts is None:
         return piece
     return Piece(piece.unit, piece.start, counts[piece.unit], piece.pad)
+
+
+def _shuffle_node(node: SourceNode, origin: dict[str, Any], layout: Layout, slot: int) -> Any:
+    """The old slot's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
+    from shardcache.stages import Node
+
+    buffer_size, initial, seed = origin["shuffle"]
+    old = RuntimeContext(
+        rank=slot // layout.workers,
+        world_size=layout.ranks,
+        worker_id=slot % layout.workers,
+        num_workers=layout.workers,
+        seed=node.ctx.seed,
+        epoch=int(origin["epoch"]),
+    )
+    return ShuffleStage(buffer_size, initial, seed).node(Node(), old)
+
+
+def _not_emitted(pieces: list[Piece], progress: dict[str, int], shuffle: Any) -> list[Piece]:
+    """The samples of a slot's stream its shuffle had not emitted: the buffered inputs, then every input
+    from `taken` on (inputs are the stream's samples in order; the pieces are sized)."""
+    taken = progress["taken"]
+    buffered = sorted(shuffle.buffered_inputs(taken, progress["emitted"]))
+    out: list[Piece] = []
+    first = 0  # the stream index of the current piece's first sample
+    b = 0
+    for piece in pieces:
+        size = piece.size
+        while b < len(buffered) and buffered[b] < first + size:
+            at = piece.start + buffered[b] - first
+            out.append(Piece(piece.unit, at, at + 1, piece.pad))
+            b += 1
+        if first + size > taken:
+            start = piece.start + max(0, taken - first)
+            out.append(Piece(piece.unit, start, piece.stop, piece.pad))
+        first += size
+    return out

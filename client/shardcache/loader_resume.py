@@ -146,7 +146,7 @@ def _from_merged(
     loader: TorchLoader, merged: dict[str, Any], ctx: RuntimeContext
 ) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
     """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
-    from shardcache.elastic import elastic_state, origin_of, source_position
+    from shardcache.elastic import elastic_state, needs_counts, origin_of, source_position
 
     states = merged["states"]
     first = states[0]
@@ -177,6 +177,8 @@ def _from_merged(
             worker = merge["workers"].get(str(w))
             position = None if worker is None else source_position(loader.dataset.stages, worker["pipeline"])
             entries.append((slot, position, w in done))
-    origin = origin_of(entries, int(merged["epoch"]))
+    origin = origin_of(entries, int(merged["epoch"]), loader.dataset.stages)
+    if needs_counts(origin):  # here in the main process: the workers get the counts with the dataset
+        loader.dataset.count_samples(always=True)
     start = elastic_state(loader.dataset.fingerprint(), origin)
     return None, {w: start for w in range(max(1, loader.num_workers))}, int(merged["epoch"])

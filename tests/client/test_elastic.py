@@ -166,16 +166,53 @@ def test_merged_state_of_another_pipeline_is_refused_naming_what_differs(tars: l
         dataset(tars).map(str).load_state_dict(merged)
 
 
-def test_elastic_resume_through_a_shuffle_is_refused_naming_the_stage(tars: list[str]) -> None:
+@pytest.mark.parametrize(("old", "new"), TOPOLOGY_CHANGES.values(), ids=TOPOLOGY_CHANGES.keys())
+def test_elastic_resume_through_a_shuffle_reads_every_sample_it_had_not_emitted_once(
+    tars: list[str], old: tuple[int, int, int], new: tuple[int, int, int]
+) -> None:
+    def shuffled() -> Dataset:
+        return dataset(tars).map(key_of).shuffle(6, initial=3).batch(2)
+
+    seen: list[str] = []
+    states = []
+    for ctx in contexts(*old):
+        it = shuffled().iter_context(ctx)
+        seen += [k for batch in itertools.islice(it, progress(ctx.slot)) for k in batch]
+        states.append(it.state_dict())
+    merged = merge_states(states)
+    rest: list[str] = []
+    for ctx in contexts(*new):
+        ds = shuffled()
+        ds.load_state_dict(merged)
+        rest += [k for batch in ds.iter_context(ctx) for k in batch]
+    assert 0 < len(seen) < sum(ALL.values())
+    assert Counter(seen) + Counter(rest) == ALL  # the buffered samples too: none lost, none twice
+
+
+def test_elastic_resume_through_a_stage_that_holds_samples_back_is_refused_naming_it(
+    tars: list[str],
+) -> None:
     ctxs = contexts(2, 2)
     states = []
     for ctx in ctxs:
-        it = dataset(tars).shuffle(8).iter_context(ctx)
+        it = dataset(tars).batch(2).unbatch().iter_context(ctx)
         next(it)
         states.append(it.state_dict())
-    ds = dataset(tars).shuffle(8)
+    ds = dataset(tars).batch(2).unbatch()
     ds.load_state_dict(merge_states(states))
-    with pytest.raises(UnsupportedResume, match=r"shuffle"):
+    with pytest.raises(UnsupportedResume, match=r"unbatch"):
+        next(ds.iter_context(contexts(3, 2)[0]))
+
+
+def test_elastic_resume_through_a_shuffle_after_a_batch_is_refused(tars: list[str]) -> None:
+    states = []
+    for ctx in contexts(2, 2):
+        it = dataset(tars).batch(2).shuffle(4).iter_context(ctx)
+        next(it)
+        states.append(it.state_dict())
+    ds = dataset(tars).batch(2).shuffle(4)
+    ds.load_state_dict(merge_states(states))
+    with pytest.raises(UnsupportedResume, match=r"batch\(.*below a shuffle"):
         next(ds.iter_context(contexts(3, 2)[0]))
 
 
@@ -322,3 +359,32 @@ def test_any_chain_of_elastic_resumes_reads_no_sample_twice_and_loses_only_drops
         assert sum(ALL.values()) - len(real) < ranks  # each planning left out fewer than its ranks
     else:
         assert real == ALL
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_torchloader_elastic_resume_through_a_worker_side_shuffle_reads_every_remaining_sample_once(
+    tars: list[str],
+) -> None:
+    pytest.importorskip("torch.utils.data")
+    from shardcache import TorchLoader
+
+    def shuffled(ctx: RuntimeContext, workers: int) -> Any:
+        ds = Dataset.from_source("tars", tars, daemon=None, context=ctx).map(key_of).shuffle(5)
+        processes = {"multiprocessing_context": worker_context()} if workers else {}
+        return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **processes)
+
+    ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]
+    seen: list[str] = []
+    states = []
+    for ctx, batches in zip(ranks, (2, 5), strict=True):
+        it = iter(shuffled(ctx, 2))
+        seen += [k for batch in itertools.islice(it, batches) for k in batch]
+        states.append(it.state_dict())
+        it.close()
+    merged = merge_states(states)
+    rest: list[str] = []
+    for ctx in [RuntimeContext(rank=r, world_size=3, local_world_size=1) for r in range(3)]:
+        resumed = shuffled(ctx, 1)
+        resumed.load_state_dict(merged)
+        rest += [k for batch in resumed for k in batch]
+    assert Counter(seen) + Counter(rest) == ALL

@@ -95,6 +95,12 @@ class ShuffleNode(Node):
             buf.pop()
         return rng, buf, grow
 
+    def buffered_inputs(self, taken: int, emitted: int) -> list[int]:
+        """The input indices still in the buffer after `taken` inputs and `emitted` outputs: with every
+        input before `taken` not among them, that is what this shuffle had emitted (an elastic resume
+        reads the rest, `shardcache.elastic`)."""
+        return self._simulate(taken, emitted)[1]
+
     def gen(self) -> Iterator[Any]:
         up, marks = self.up, self._marks
         size, initial, mask = self.buffer_size, self.initial, CHECKPOINT_EVERY - 1
