@@ -29,6 +29,9 @@ class ShardRef:
     size: int | None = None
     checksum: str | None = None
     num_samples: int | None = None
+    # Byte offsets of every OFFSET_EVERY-th sample of a plain tar (`tarfmt.sample_index`): a reader that
+    # starts inside the shard (equal work per rank) seeks instead of walking the headers before it.
+    sample_offsets: tuple[int, ...] | None = None
 
 
 ShardSpec = str | os.PathLike[str] | ShardRef | Sequence["str | os.PathLike[str] | ShardRef"]
@@ -85,7 +88,9 @@ def read_manifest(path: str) -> list[ShardRef]:
                 ) from exc
             if not has_protocol(url) and not url.startswith("/"):
                 url = f"{base}/{url}"
-            refs.append(ShardRef(url, row.get("size"), row.get("checksum"), row.get("num_samples")))
+            offsets = row.get("sample_offsets")
+            offsets = tuple(int(o) for o in offsets) if isinstance(offsets, list) else None
+            refs.append(ShardRef(url, row.get("size"), row.get("checksum"), row.get("num_samples"), offsets))
     return refs
 
 
@@ -181,7 +186,8 @@ def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_
     """Write a `.jsonl` manifest of the shards `pattern` expands to; returns the number of shards.
 
     Each line holds `url`, `size`, `checksum` ("sha256:<hex>") and, when `count_samples`, `num_samples` for
-    tar, jsonl and parquet shards. The file is written atomically (temporary name, then rename).
+    tar, jsonl and parquet shards (and `sample_offsets` for plain tars: see `ShardRef`). The file is written
+    atomically (temporary name, then rename).
     """
     import fsspec
 
@@ -198,6 +204,12 @@ def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_
         }
         if count_samples:
             row["num_samples"] = count_shard_samples(ref.url, data)
+            if ref.url.endswith(".tar"):
+                from shardcache.sources.tarfmt import sample_index
+
+                index = sample_index(data)
+                if index is not None:
+                    row["sample_offsets"] = list(index[1])
         lines.append(json.dumps(row) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     # Created 0o666 less the umask, as `open()` would (mkstemp's 0o600 would hide it from a trainer's group).

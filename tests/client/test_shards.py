@@ -54,6 +54,7 @@ def test_write_manifest_records_size_checksum_and_samples(tars: list[str], tmp_p
         "size": len(data),
         "checksum": "sha256:" + hashlib.sha256(data).hexdigest(),
         "num_samples": 2,
+        "sample_offsets": [0],  # sample 0 starts at byte 0; one offset per OFFSET_EVERY samples
     }
 
 

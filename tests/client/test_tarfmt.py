@@ -10,10 +10,12 @@ import pytest
 
 from shardcache.errors import CorruptShardError
 from shardcache.sources.tarfmt import (
+    OFFSET_EVERY,
     iter_members,
     iter_members_stream,
     iter_tar_samples,
     iter_tar_samples_stream,
+    sample_index,
     sample_offset,
     split_key,
 )
@@ -185,3 +187,35 @@ def test_a_corrupt_header_before_the_start_still_fails_the_read(tmp_path: Path) 
     assert sample_offset(bytes(data), "t.tar", 8) is None
     with pytest.raises(CorruptShardError, match="t.tar"):
         list(iter_tar_samples(bytes(data), "t.tar", start=8))
+
+
+def _many_samples(n: int) -> list[tuple[str, bytes]]:
+    return [m for i in range(n) for m in ((f"k{i:04d}.bin", b"x" * (i % 700)), (f"k{i:04d}.cls", b"%d" % i))]
+
+
+def test_sample_index_records_the_start_of_every_nth_sample(tmp_path: Path) -> None:
+    data = write_tar(tmp_path / "t.tar", _many_samples(150)).read_bytes()
+    index = sample_index(data)
+    assert index is not None
+    count, offsets = index
+    assert count == 150
+    assert len(offsets) == 3  # samples 0, 64 and 128
+    for k, offset in enumerate(offsets):
+        assert data[offset : offset + 5] == b"k%04d" % (k * OFFSET_EVERY)
+
+
+@pytest.mark.parametrize("start", [1, 63, 64, 65, 130, 149])
+def test_recorded_offsets_give_the_same_samples_as_walking_from_the_start(tmp_path: Path, start: int) -> None:
+    data = write_tar(tmp_path / "t.tar", _many_samples(150)).read_bytes()
+    index = sample_index(data)
+    assert index is not None
+    everything = list(iter_tar_samples(data, "t.tar"))
+    assert list(iter_tar_samples(data, "t.tar", start=start, offsets=index[1])) == everything[start:]
+
+
+def test_an_offset_that_lands_off_a_header_falls_back_to_parsing(tmp_path: Path) -> None:
+    data = write_tar(tmp_path / "t.tar", _many_samples(150)).read_bytes()
+    everything = list(iter_tar_samples(data, "t.tar"))
+    wrong = (0, 700, 1400)  # not where samples 64 and 128 start: the walk's checksum check refuses them
+    assert sample_offset(data, "t.tar", 100, offsets=wrong) is None
+    assert list(iter_tar_samples(data, "t.tar", start=100, offsets=wrong)) == everything[100:]

@@ -48,12 +48,14 @@ class RunFacts:
 
     Attributes:
         counts: Samples per unit key (see `unit_key`), from the counting pass.
+        offsets: Sample offsets per unit key, recorded by the counting pass where the kind can (tars).
         is_distributed: Whether torch.distributed ran several processes when the main process started
             iterating (None: not captured yet; workers started with spawn would not see it live).
     """
 
     counts: dict[str, int] = field(default_factory=dict)
     is_distributed: bool | None = None
+    offsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def distributed(self) -> bool:
         if self.is_distributed is None:
@@ -99,11 +101,17 @@ def _count(node: SourceNode, units: list[Unit], missing: list[int]) -> None:
             len(missing),
             node.partitioning.even,
         )
-        found = {unit_key(units[i]): node.count(units[i]) for i in share}
+        found = {}
+        for i in share:
+            key = unit_key(units[i])
+            found[key] = (node.count(units[i]), node.facts.offsets.get(key))
         gathered: list[Any] = [None] * int(dist.get_world_size())
         dist.all_gather_object(gathered, found)
         for part in gathered:
-            node.facts.counts.update(part or {})
+            for key, (count, offsets) in (part or {}).items():
+                node.facts.counts[key] = count
+                if offsets:
+                    node.facts.offsets[key] = offsets
         lost = [i for i in missing if unit_key(units[i]) not in node.facts.counts]
         missing = lost  # units no rank counted (another rank's node group was empty): count them here
         if not missing:

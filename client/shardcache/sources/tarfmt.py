@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Protocol
 
 from shardcache.errors import CorruptShardError
@@ -250,47 +250,94 @@ def group_samples(
         yield sample
 
 
-def sample_offset(buf: Buffer, shard: str, skip: int, key_dot_level: int = 1) -> int | None:
-    """The byte offset where sample `skip` starts, found by walking headers only, or None when the walk
-    meets something it does not handle (pax or GNU name blocks, other key levels, a bad header): the
-    caller then skips by parsing, which raises on corrupt data.
+# Sample offsets are recorded for every this many samples (manifests, the counting pass): a reader that
+# starts at sample s seeks to the recorded offset of sample s - s % OFFSET_EVERY and walks the rest.
+OFFSET_EVERY = 64
 
-    Why: equal work per rank (`even=`) starts some readers in the middle of a shard. Parsing every sample
-    before that point costs about as much as reading it; this walk reads only the name, size and type of
-    each header (and verifies its checksum: a wrong size would land it off a header boundary, or on the
-    wrong sample), about 3x cheaper than parsing the samples.
-    """
-    if key_dot_level != 1 or skip <= 0:
-        return 0 if skip <= 0 else None
+
+class _NotWalkable(Exception):
+    """A header the fast walk does not handle (pax or GNU name blocks, a bad checksum, ...)."""
+
+
+def _sample_starts(buf: Buffer, offset: int) -> Iterator[int]:
+    """The byte offset of each sample's first header from `offset` (a sample's first header) on, by
+    walking headers only: name, size and type, with each header's checksum verified (a wrong size would
+    land the walk off a header boundary or on the wrong sample). Raises _NotWalkable on anything else."""
     n = len(buf)
-    pos = 0
-    seen = 0
+    pos = offset
     current: bytes | None = None
     while pos + BLOCK <= n:
         header = buf[pos : pos + BLOCK]
-        if header[0] == 0 or header[156] not in _REGULAR or not _checksum_ok(header):
-            return None
+        if header[0] == 0:
+            return
+        if header[156] not in _REGULAR or not _checksum_ok(header):
+            raise _NotWalkable
         try:
             size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
         except ValueError:
-            return None
+            raise _NotWalkable from None
         base = header[:100].split(b"\0", 1)[0].rpartition(b"/")[2]
         key, dot, field = base.partition(b".")
-        if dot and key and field and not (base.startswith(b"__") and base.endswith(b"__")):
-            if key != current:
-                if seen == skip:
-                    return pos
-                seen += 1
-                current = key
+        if dot and key and field and not (base.startswith(b"__") and base.endswith(b"__")) and key != current:
+            yield pos
+            current = key
         pos += BLOCK + ((size + BLOCK - 1) & ~(BLOCK - 1))
+    if pos != n:
+        raise _NotWalkable
+
+
+def sample_offset(
+    buf: Buffer, shard: str, skip: int, key_dot_level: int = 1, offsets: Sequence[int] | None = None
+) -> int | None:
+    """The byte offset where sample `skip` starts, or None when the fast walk cannot tell (pax or GNU name
+    blocks, other key levels, a bad header, fewer samples): the caller then skips by parsing, which raises
+    on corrupt data. `offsets`: recorded starts of every OFFSET_EVERY-th sample (`sample_index`).
+
+    Why: equal work per rank (`even=`) starts some readers in the middle of a shard. Parsing every sample
+    before that point costs about as much as reading it; walking the headers is about 3x cheaper, and with
+    recorded offsets a reader walks fewer than OFFSET_EVERY samples.
+    """
+    if skip <= 0:
+        return 0
+    if key_dot_level != 1:
+        return None
+    base = 0
+    if offsets:
+        k = min(skip // OFFSET_EVERY, len(offsets) - 1)
+        base = k * OFFSET_EVERY
+        if not 0 <= offsets[k] < len(buf):
+            return None
+    try:
+        for i, pos in enumerate(_sample_starts(buf, offsets[base // OFFSET_EVERY] if offsets else 0), base):
+            if i == skip:
+                return pos
+    except _NotWalkable:
+        return None
     return None
 
 
+def sample_index(buf: Buffer, key_dot_level: int = 1) -> tuple[int, tuple[int, ...]] | None:
+    """(samples, starts of samples 0, OFFSET_EVERY, 2 * OFFSET_EVERY, ...) of a tar, or None when the
+    fast walk cannot tell (see `sample_offset`)."""
+    if key_dot_level != 1:
+        return None
+    offsets: list[int] = []
+    count = 0
+    try:
+        for count, pos in enumerate(_sample_starts(buf, 0), 1):
+            if (count - 1) % OFFSET_EVERY == 0:
+                offsets.append(pos)
+    except _NotWalkable:
+        return None
+    return count, tuple(offsets)
+
+
 def iter_tar_samples(
-    buf: Buffer, shard: str, key_dot_level: int = 1, start: int = 0
+    buf: Buffer, shard: str, key_dot_level: int = 1, start: int = 0, offsets: Sequence[int] | None = None
 ) -> Iterator[dict[str, object]]:
-    """Samples of a tar held in an mmap or bytes (the fast path), from sample `start` on."""
-    offset = sample_offset(buf, shard, start, key_dot_level) if start else 0
+    """Samples of a tar held in an mmap or bytes (the fast path), from sample `start` on (`offsets`: see
+    `sample_offset`)."""
+    offset = sample_offset(buf, shard, start, key_dot_level, offsets) if start else 0
     if offset is None:  # skip by parsing (see sample_offset)
         return itertools.islice(iter_tar_samples(buf, shard, key_dot_level), start, None)
     members = ((m, buf[o : o + s]) for m, o, s in iter_members(buf, shard, offset))

@@ -19,7 +19,8 @@ from shardcache.extras import filesystem_extra
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
-from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream
+from shardcache.sources.counting import unit_key
+from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +73,22 @@ class TarsSource(SourceNode):
                 samples = self._open(stack, unit.ref, plan, level)
                 samples = self._zip_sidecars(stack, samples, url, sidecars, level, plan)
                 samples = itertools.islice(samples, start, None) if start else samples
-            else:  # the mmap path finds sample `start` by walking headers (tarfmt.sample_offset)
+            else:  # the mmap path seeks to sample `start` (tarfmt.sample_offset)
                 samples = self._open(stack, unit.ref, plan, level, start)
             yield from samples
+
+    def count(self, unit: Unit) -> int:
+        """Samples in `unit` by walking its headers, recording sample offsets for readers that start
+        inside it; a shard the walk cannot read (compressed, pax names, ...) is counted by reading."""
+        if compression_of(unit.ref.url) is None and not self.spec.options.get("sidecars"):
+            with ExitStack() as stack:
+                with filesystem_extra(unit.ref.url):
+                    buf = stack.enter_context(self.opener.open_buffer(unit.ref, None))
+                index = sample_index(buf, key_dot_level()) if isinstance(buf, mmap.mmap) else None
+            if index is not None:
+                self.facts.offsets[unit_key(unit)] = index[1]
+                return index[0]
+        return super().count(unit)
 
     def opened_urls(self, unit: Unit) -> list[str]:
         sidecars = self.spec.options.get("sidecars") or ()
@@ -88,7 +102,8 @@ class TarsSource(SourceNode):
             with filesystem_extra(ref.url):
                 buf = stack.enter_context(self.opener.open_buffer(ref, plan))
             if isinstance(buf, mmap.mmap):  # the fast path; never empty (an empty file cannot be mapped)
-                return iter_tar_samples(buf, ref.url, level, start)
+                offsets = ref.sample_offsets or self.facts.offsets.get(ref.url)
+                return iter_tar_samples(buf, ref.url, level, start, offsets)
             raw = buf
         else:  # streamed through the decompressor (see `sources.compression` for why)
             with filesystem_extra(ref.url):
