@@ -77,7 +77,9 @@ def bench_size(client: DaemonClient, sources: list[str], repeats: int) -> tuple[
                 total += drain(handle, buffer)
         return total
 
-    client_times, raw_times, ratios = [], [], []
+    client_times: list[float] = []
+    raw_times: list[float] = []
+    ratios: list[float] = []
     for round_ in range(repeats):
         # Alternate which side goes first so a drifting machine does not favour one.
         order = [(through_client, client_times), (raw, raw_times)]

@@ -65,7 +65,8 @@ def run_ours(paths: list[str], daemon: Any = None) -> Iterable[Any]:
 def run_wds(paths: list[str]) -> Iterable[Any]:
     import webdataset as wds
 
-    return wds.WebDataset(paths, shardshuffle=False, empty_check=False).map(touch)
+    pipeline: Iterable[Any] = wds.WebDataset(paths, shardshuffle=False, empty_check=False).map(touch)
+    return pipeline
 
 
 def run_tarfile(paths: list[str]) -> Iterable[Any]:

@@ -11,10 +11,11 @@ import pytest
 
 from bench import belady_sim
 from bench import bench_cluster as cluster_sim
+from shardcache.sources.partition import Partitioning
 
 
-def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[object]:
-    trace = []
+def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[belady_sim.Access]:
+    trace: list[belady_sim.Access] = []
     for epoch, per_slot in enumerate(orders[:-1]):  # the last epoch is only announced
         for _, slot, unit in cluster_sim.node_trace(per_slot):
             trace.append(belady_sim.Access(slot, epoch, f"s3://bucket/{unit:07d}.tar"))
@@ -25,7 +26,7 @@ def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[object]:
 def test_node_caches_fetch_as_often_as_the_offline_simulators(capacity: int) -> None:
     cluster = cluster_sim.Cluster(nodes=4, ranks=2, workers=2, units_per_node=12)
     counts = [100] * cluster.nodes * cluster.units_per_node  # equal shards: fetches count bytes
-    plans = cluster_sim.epoch_plans(cluster, counts, cluster_sim.Partitioning("node"), 4)
+    plans = cluster_sim.epoch_plans(cluster, counts, Partitioning("node"), 4)
     sizes = [1] * len(counts)
     for node in range(cluster.nodes):
         orders = cluster_sim.node_orders(plans, cluster, node)
@@ -38,6 +39,6 @@ def test_node_caches_fetch_as_often_as_the_offline_simulators(capacity: int) -> 
 
 def test_node_placement_with_room_for_a_share_downloads_the_dataset_once() -> None:
     cluster = cluster_sim.Cluster(nodes=4, ranks=2, workers=2, units_per_node=12)
-    parts = {"node": cluster_sim.Partitioning("node")}
+    parts = {"node": Partitioning("node")}
     rows = cluster_sim.egress_grid(cluster, 4, [1.2], ["belady", "lru"], parts, None)
     assert [row.egress for row in rows] == [pytest.approx(1.0), pytest.approx(1.0)]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
+from shardcache.iteration import PipelineIterator
 from tests.client.pipeline_support import worker_context
 from tests.support.daemon_api import client_samples
 from tests.support.devservers import Daemon
@@ -27,6 +28,7 @@ def test_a_dataset_iterated_in_the_trainer_reports_its_samples_and_wait(local_sh
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="auto-ds")
     it = iter(ds)
+    assert isinstance(it, PipelineIterator)  # Dataset.__iter__ is typed as a plain Iterator
     assert len(list(it)) == 4 * 8
     assert it.telemetry is not None
     waited = it.telemetry.waited_s
@@ -57,7 +59,8 @@ def test_a_torch_loader_reports_for_its_workers_with_their_skipped_shards(
 
 def test_daemon_none_turns_telemetry_off(local_shards) -> None:  # type: ignore[no-untyped-def]
     it = iter(Dataset.from_source("tars", local_shards.local_paths, daemon=None))
-    assert it.telemetry is None  # type: ignore[attr-defined]
+    assert isinstance(it, PipelineIterator)
+    assert it.telemetry is None
 
 
 def test_without_a_daemon_answering_iteration_goes_on_and_reports_are_dropped(  # type: ignore[no-untyped-def]
@@ -65,6 +68,7 @@ def test_without_a_daemon_answering_iteration_goes_on_and_reports_are_dropped(  
 ) -> None:
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(short_tmp / "absent.sock"))
     it = iter(ds)
+    assert isinstance(it, PipelineIterator)  # Dataset.__iter__ is typed as a plain Iterator
     assert len(list(it)) == 4 * 8
     assert it.telemetry is not None
     it.close()  # the last report is dropped quietly

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,22 +20,22 @@ from shardcache.errors import ConfigError
 SCALE = 2
 
 
-def double(sample: dict) -> dict:
+def double(sample: dict[str, Any]) -> dict[str, Any]:
     return {**sample, "x": sample["x"] * 2}
 
 
-def scaled(sample: dict, factor: int = 3) -> dict:
+def scaled(sample: dict[str, Any], factor: int = 3) -> dict[str, Any]:
     return {**sample, "x": sample["x"] * factor * SCALE}
 
 
 class Packer:
     def __init__(self, context: object) -> None:
-        self.buf: list = []
+        self.buf: list[dict[str, Any]] = []
 
-    def push(self, sample: dict) -> list:
+    def push(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
         return [sample]
 
-    def finish(self, *, drop_last: bool = False) -> list:
+    def finish(self, *, drop_last: bool = False) -> list[dict[str, Any]]:
         return []
 
 
@@ -42,7 +43,7 @@ class Tokenizer:
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
 
-    def __call__(self, sample: dict) -> dict:
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         return {**sample, "t": sample["text"][: self.max_len]}
 
 
@@ -158,7 +159,7 @@ def test_a_lambda_is_rejected_with_a_clear_error() -> None:
 
 
 def test_a_local_closure_is_rejected_with_a_clear_error() -> None:
-    def local(sample: dict) -> dict:
+    def local(sample: dict[str, Any]) -> dict[str, Any]:
         return sample
 
     with pytest.raises(ConfigError, match=r"local closure.*module level"):

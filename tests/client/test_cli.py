@@ -107,11 +107,12 @@ def test_socket_is_accepted_after_the_command(daemon) -> None:
 
 def test_warm_reads_a_manifest(served: Served, tmp_path: Path) -> None:
     manifest = tmp_path / "shards.jsonl"
-    rows = [{"url": p, "size": Path(p).stat().st_size} for p in served.shards[3:5]]
+    urls = served.shards[3:5]
+    rows = [{"url": p, "size": Path(p).stat().st_size} for p in urls]
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = shardcache("warm", "--manifest", str(manifest), socket=served.daemon.socket)
     assert result.returncode == 0, result.stderr
-    assert {Path(row["url"]).name for row in rows} <= resident_names(served.daemon)
+    assert {Path(url).name for url in urls} <= resident_names(served.daemon)
 
 
 def test_warm_without_urls_is_a_usage_error(daemon) -> None:

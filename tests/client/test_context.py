@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_environment_is_read_when_no_context_is_given(
         ({"epoch": -1}, "epoch="),
     ],
 )
-def test_bad_context_values_name_the_field(kwargs: dict[str, int], name: str) -> None:
+def test_bad_context_values_name_the_field(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ConfigError, match=name):
         RuntimeContext(**kwargs)
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -180,6 +181,11 @@ def test_demo_outside_a_clone_says_how_to_run_it_in_one_line(
 
 def test_a_socket_given_before_demo_is_the_demos_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     given: list[list[str]] = []
-    monkeypatch.setattr(cli, "run_demo", lambda args: given.append(list(args)) or 0)
+
+    def run_demo(args: Sequence[str]) -> int:
+        given.append(list(args))
+        return 0
+
+    monkeypatch.setattr(cli, "run_demo", run_demo)
     assert cli.main(["--socket", "/run/x.sock", "demo", "--epochs", "1"]) == 0
     assert given == [["--socket", "/run/x.sock", "--epochs", "1"]]

@@ -66,7 +66,7 @@ def test_storage_options_must_be_a_dict_of_strings() -> None:
 
 
 @pytest.mark.parametrize("daemon", ["required", DaemonClient("/tmp/none.sock", required=True)])
-def test_a_required_daemon_is_refused_for_lance(daemon: object) -> None:
+def test_a_required_daemon_is_refused_for_lance(daemon: str | DaemonClient) -> None:
     with pytest.raises(ConfigError, match='daemon="required".*lance.*storage_options'):
         Dataset.from_source("lance", "s3://bucket/t.lance", daemon=daemon)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -18,15 +19,22 @@ from shardcache.mix_plan import (
 )
 
 
-def reference_counts(sizes, weights, temperature, max_scale_up, seed, epoch):
+def reference_counts(
+    sizes: list[int],
+    weights: list[float] | None,
+    temperature: float,
+    max_scale_up: float,
+    seed: int,
+    epoch: int,
+) -> tuple[int, list[int]]:
     """The seed's formulas written out longhand, to compare against."""
-    w = sizes if weights is None else weights
+    w: Sequence[float] = sizes if weights is None else weights
     ratios = [x / sum(w) for x in w]
     scaled = [r ** (1 / temperature) for r in ratios]
     p = [s / sum(scaled) for s in scaled]
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
-    vsize = sum(pi / p[largest] * sizes[largest] for pi in p)
-    vsize = int(min(vsize, sum(sizes) * max_scale_up))
+    unscaled = sum(pi / p[largest] * sizes[largest] for pi in p)
+    vsize = int(min(unscaled, sum(sizes) * max_scale_up))
     floors = [int(vsize * pi) for pi in p]
     return vsize, floors
 

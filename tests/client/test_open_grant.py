@@ -7,6 +7,7 @@ grant (a daemon of another version), which only a hand-made server on a Unix soc
 from __future__ import annotations
 
 import http.server
+import socket
 import socketserver
 import threading
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ class _NotAGrant(http.server.BaseHTTPRequestHandler):
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def get_request(self) -> tuple[object, tuple[str, int]]:
+    def get_request(self) -> tuple[socket.socket, tuple[str, int]]:
         request, _ = super().get_request()
         return request, ("local", 0)  # BaseHTTPRequestHandler expects a (host, port) client address
 

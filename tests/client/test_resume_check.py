@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from shardcache import Dataset
 from shardcache.resume_check import describe_mismatch, mismatch_message, pipeline_parts, short_descriptions
@@ -12,7 +13,7 @@ def parts(ds: Dataset) -> list[str]:
     return pipeline_parts(ds.source, ds.stages)
 
 
-def tars(shards: list[str], **options: object) -> Dataset:
+def tars(shards: list[str], **options: Any) -> Dataset:
     return Dataset.from_source("tars", shards, daemon=None, **options)
 
 

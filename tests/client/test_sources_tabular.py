@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +17,7 @@ from shardcache.errors import ConfigError
 from tests.client.pipeline_support import make_tars, slot_contexts
 
 
-def write_jsonl(path: Path, rows: list[dict[str, object]]) -> str:
+def write_jsonl(path: Path, rows: Sequence[Mapping[str, object]]) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
@@ -147,7 +149,7 @@ def test_lance_none_reads_in_order_and_global_permutes_per_epoch(lance_path: str
     ],
 )
 def test_bad_source_arguments_name_the_argument(
-    tmp_path: Path, kind: str, kwargs: dict[str, object], name: str
+    tmp_path: Path, kind: str, kwargs: dict[str, Any], name: str
 ) -> None:
     shard = make_tars(tmp_path, 1, 1)[0]
     with pytest.raises(ConfigError, match=name):

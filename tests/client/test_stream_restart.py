@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from shardcache.daemon_client import DaemonClient
-from shardcache.transport import Transport
+from shardcache.open_wire import CountingTransport
 
 
-class FailingFirstStream(Transport):
-    """A transport that runs `before_first` when the first stream starts, and can answer it itself."""
+class FailingFirstStream(CountingTransport):
+    """The client's own transport, except that it runs `before_first` when the first stream starts (which
+    can answer that stream itself)."""
 
     def __init__(self, client: DaemonClient, before_first: Callable[[], http.client.HTTPResponse | None]):
         super().__init__(client.socket, client.timeout)

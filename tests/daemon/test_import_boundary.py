@@ -30,13 +30,13 @@ def test_importing_the_wire_contract_loads_neither_side() -> None:
 
 
 def test_every_daemon_error_class_answers_a_code_and_status_of_the_contract() -> None:
-    classes = [errors.DaemonError, *_subclasses(errors.DaemonError)]
+    classes: list[type[errors.DaemonError]] = [errors.DaemonError, *_subclasses(errors.DaemonError)]
     for cls in classes:
         assert shardcache_protocol.status_of(cls.code) == cls.status, cls
 
 
-def _subclasses(cls: type) -> list[type]:
-    found = []
+def _subclasses(cls: type[errors.DaemonError]) -> list[type[errors.DaemonError]]:
+    found: list[type[errors.DaemonError]] = []
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return found

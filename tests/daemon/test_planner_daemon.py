@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import httpx
 import pytest
 
@@ -23,7 +25,7 @@ def resident(http: httpx.Client) -> dict[str, float | None]:
 
 
 def settled(http: httpx.Client, count: int) -> bool:
-    stats = http.get("/v1/stats").json()
+    stats: dict[str, int] = http.get("/v1/stats").json()
     return stats["fetches_in_flight"] == 0 and stats["resident_shards"] >= count
 
 
@@ -67,7 +69,7 @@ def test_opens_under_the_plan_hit_prefetched_shards_and_count_them_used(make_buc
         plan = http.post("/v1/plans", json={"job": "j", "slot": 0, "epoch": 0, "urls": urls}).json()["plan"]
         hits = []
         for i, url in enumerate(urls):
-            wait_for(lambda i=i: settled(http, min(i + 2, len(urls))), f"prefetch ahead of shard {i}")
+            wait_for(partial(settled, http, min(i + 2, len(urls))), f"prefetch ahead of shard {i}")
             hits.append(open_and_release(http, url, plan))
         assert hits == [True] * len(urls)
         assert resident(http)[urls[0]] is None  # passed by the cursor, in no plan ahead
@@ -91,8 +93,9 @@ def test_next_use_reaches_into_the_next_epochs_plan(make_bucket, daemon_factory)
         # The open moved the cursor: a is one open nearer (less the time since that open, which the
         # rate-scaled distance subtracts, so only relations that hold at any speed are asserted).
         after = resident(http)
-    assert after[a] is not None and after[c] is not None
-    assert after[a] <= 3.0 and after[a] >= after[c]
+    a_next, c_next = after[a], after[c]
+    assert a_next is not None and c_next is not None
+    assert a_next <= 3.0 and a_next >= c_next
 
 
 def test_belady_evicts_the_shard_used_farthest_ahead_where_lru_evicts_the_oldest(

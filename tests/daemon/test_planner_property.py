@@ -14,7 +14,7 @@ What is proved (for unit-sized shards, demand fetches only):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -31,20 +31,20 @@ class Timed:
     """An access with the clock time at which its slot opens it."""
 
     time: float
-    access: object  # belady_sim.Access
+    access: Access
 
 
 def replay(timed: Sequence[Timed], capacity: int, lookahead_epochs: int | None) -> int:
     """Drive the real Planner like the daemon does for demand opens; return the number of fetches."""
     now = [0.0]
     planner = Planner(policy="belady", stale_after_s=1e9, clock=lambda: now[0])
-    plans_by_slot: dict[object, dict[int, list[str]]] = {}
+    plans_by_slot: dict[Hashable, dict[int, list[str]]] = {}
     for item in timed:
         a = item.access
         plans_by_slot.setdefault(a.slot, {}).setdefault(a.epoch, []).append(a.url)
-    ids: dict[tuple[object, int], str] = {}
+    ids: dict[tuple[Hashable, int], str] = {}
 
-    def register(slot: object, epoch: int) -> None:
+    def register(slot: Hashable, epoch: int) -> None:
         if epoch in plans_by_slot[slot] and (slot, epoch) not in ids:
             ids[(slot, epoch)] = planner.add_plan("job", hash(slot), epoch, plans_by_slot[slot][epoch])
 
@@ -53,7 +53,7 @@ def replay(timed: Sequence[Timed], capacity: int, lookahead_epochs: int | None) 
         for epoch in epochs:
             if lookahead_epochs is None or epoch <= first + lookahead_epochs:
                 register(slot, epoch)
-    current: dict[object, int] = {}
+    current: dict[Hashable, int] = {}
     resident: set[str] = set()
     fetches = 0
     for item in timed:
@@ -95,7 +95,7 @@ def slot_orders(draw: st.DrawFn, max_slots: int = 4) -> tuple[int, list[list[lis
 
 def round_robin(orders: list[list[list[str]]]) -> list[Timed]:
     """Slots take turns, one open per clock tick: the global order is the time order."""
-    timed = []
+    timed: list[Timed] = []
     for epoch in range(len(orders[0])):
         for i in range(len(orders[0][epoch])):
             for slot, per_epoch in enumerate(orders):
@@ -105,7 +105,7 @@ def round_robin(orders: list[list[list[str]]]) -> list[Timed]:
 
 def paced(orders: list[list[list[str]]], periods: list[int]) -> list[Timed]:
     """Slot s opens every periods[s] ticks at phase s/8 (exact in binary floats, never colliding)."""
-    timed = []
+    timed: list[Timed] = []
     for slot, per_epoch in enumerate(orders):
         flat = [(epoch, url) for epoch, urls in enumerate(per_epoch) for url in urls]
         for n, (epoch, url) in enumerate(flat):
@@ -135,7 +135,9 @@ def test_one_global_plan_fetches_exactly_min(urls: list[str], capacity: int) -> 
 
 @SETTINGS
 @given(slot_orders())
-def test_round_robin_slots_over_all_epochs_fetch_exactly_min(case: tuple[int, list, int]) -> None:
+def test_round_robin_slots_over_all_epochs_fetch_exactly_min(
+    case: tuple[int, list[list[list[str]]], int],
+) -> None:
     _, orders, capacity = case
     assume(capacity >= len(orders))  # the first eviction comes after every slot has opened once
     timed = round_robin(orders)
@@ -146,7 +148,7 @@ def test_round_robin_slots_over_all_epochs_fetch_exactly_min(case: tuple[int, li
 @SETTINGS
 @given(slot_orders(max_slots=3), st.lists(st.integers(1, 3), min_size=3, max_size=3))
 def test_slots_at_different_speeds_fetch_exactly_min_once_paces_are_known(
-    case: tuple[int, list, int], periods: list[int]
+    case: tuple[int, list[list[list[str]]], int], periods: list[int]
 ) -> None:
     _, orders, capacity = case
     timed = paced(orders, periods)
@@ -162,7 +164,7 @@ def test_slots_at_different_speeds_fetch_exactly_min_once_paces_are_known(
 @SETTINGS
 @given(slot_orders())
 def test_current_and_next_epoch_plans_fetch_exactly_the_min_of_what_the_plans_tell(
-    case: tuple[int, list, int],
+    case: tuple[int, list[list[list[str]]], int],
 ) -> None:
     _, orders, capacity = case
     assume(capacity >= len(orders))
@@ -173,7 +175,7 @@ def test_current_and_next_epoch_plans_fetch_exactly_the_min_of_what_the_plans_te
 
 @SETTINGS
 @given(slot_orders())
-def test_belady_never_fetches_more_than_lru(case: tuple[int, list, int]) -> None:
+def test_belady_never_fetches_more_than_lru(case: tuple[int, list[list[list[str]]], int]) -> None:
     _, orders, capacity = case
     assume(capacity >= len(orders))
     timed = round_robin(orders)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tests.daemon.daemon_helpers import Proxy
 from tests.support.daemon_api import api, metric
@@ -42,9 +43,10 @@ def test_sixteen_concurrent_opens_of_one_shard_download_it_once(make_bucket, dae
     shards = make_bucket(count=1, samples=64, payload_bytes=16 * 1024)
     daemon = daemon_factory(allow=[f"s3://{shards.bucket}"])
 
-    def open_once(_: int) -> dict:
+    def open_once(_: int) -> dict[str, Any]:
         with api(daemon) as http:
-            return http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+            answer: dict[str, Any] = http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).json()
+            return answer
 
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(open_once, range(16)))

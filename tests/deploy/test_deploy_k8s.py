@@ -142,7 +142,8 @@ def _daemon_pod() -> dict[str, Any]:
 
 
 def _daemon_container() -> dict[str, Any]:
-    (container,) = _daemon_pod()["containers"]
+    containers: list[dict[str, Any]] = _daemon_pod()["containers"]
+    (container,) = containers
     return container
 
 

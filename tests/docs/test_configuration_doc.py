@@ -6,7 +6,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol, cast
 
 from shardcached.config import Settings
 
@@ -14,12 +14,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gen_config_docs.py"
 
 
-def generator() -> ModuleType:
+class Generator(Protocol):
+    """The parts of the generator script the tests use (it is loaded from its file, not imported)."""
+
+    DOC: Path
+
+    def render(self) -> str: ...
+
+    def main(self, argv: list[str] | None = None) -> int: ...
+
+
+def generator() -> Generator:
     spec = importlib.util.spec_from_file_location("gen_config_docs", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return cast(Generator, module)
 
 
 def test_committed_configuration_doc_equals_the_generated_one() -> None:

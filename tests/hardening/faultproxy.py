@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 FAULTS = ("503", "500", "reset", "truncate", "stall", "trickle")
@@ -199,14 +200,14 @@ class FaultProxy:
         self._server.close()
 
 
-def _read_request(reader: socket.SocketIO | object) -> Request | None:
-    line = reader.readline(65537)  # type: ignore[attr-defined]
+def _read_request(reader: BinaryIO) -> Request | None:
+    line = reader.readline(65537)
     if not line:
         return None
     raw = [line]
     headers: dict[str, str] = {}
     while True:
-        header = reader.readline(65537)  # type: ignore[attr-defined]
+        header = reader.readline(65537)
         if not header:
             return None
         raw.append(header)
@@ -215,22 +216,22 @@ def _read_request(reader: socket.SocketIO | object) -> Request | None:
         name, _, value = header.decode("latin-1").partition(":")
         headers[name.strip().lower()] = value.strip()
     length = int(headers.get("content-length", "0") or 0)
-    body = reader.read(length) if length else b""  # type: ignore[attr-defined]
+    body = reader.read(length) if length else b""
     method, target = line.decode("latin-1").split()[:2]
     key = unquote(urlsplit(target).path).lstrip("/")
     return Request(method, key, headers, b"".join(raw) + body)
 
 
-def _read_response(reader: object, method: str) -> tuple[bytes, bytes, bool]:
+def _read_response(reader: BinaryIO, method: str) -> tuple[bytes, bytes, bool]:
     """(status line and headers, body, whether the connection closes after it)."""
-    head = [reader.readline(65537)]  # type: ignore[attr-defined]
+    head = [reader.readline(65537)]
     if not head[0]:
         raise ConnectionResetError("upstream closed")
     status = int(head[0].split()[1])
     length: int | None = None
     chunked = close = False
     while True:
-        header = reader.readline(65537)  # type: ignore[attr-defined]
+        header = reader.readline(65537)
         head.append(header)
         if header in (b"\r\n", b"\n", b""):
             break
@@ -247,17 +248,17 @@ def _read_response(reader: object, method: str) -> tuple[bytes, bytes, bool]:
     elif chunked:
         parts = []
         while True:
-            size_line = reader.readline(65537)  # type: ignore[attr-defined]
+            size_line = reader.readline(65537)
             parts.append(size_line)
             size = int(size_line.split(b";")[0], 16)
-            parts.append(reader.read(size + 2))  # type: ignore[attr-defined]
+            parts.append(reader.read(size + 2))
             if size == 0:
                 break
         body = b"".join(parts)
     elif length is not None:
-        body = reader.read(length)  # type: ignore[attr-defined]
+        body = reader.read(length)
     else:
-        body, close = reader.read(), True  # type: ignore[attr-defined]
+        body, close = reader.read(), True
     return b"".join(head), body, close
 
 

@@ -38,6 +38,7 @@ def main() -> None:
     daemon = DaemonClient(args.socket, reprobe_interval=0.2) if args.socket else None
     context = RuntimeContext(rank=args.rank, world_size=args.world_size, seed=11)
     dataset = Dataset.from_source("tars", urls, context=context, daemon=daemon)
+    assert isinstance(dataset, torch.utils.data.IterableDataset)  # a Dataset is one once torch is installed
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     out = Path(args.out)
     with out.open("w") as sink:

@@ -5,13 +5,14 @@ publish a partial shard."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.hardening.cache_checks import assert_cache_intact
 from tests.support.daemon_api import api, metric
+from tests.support.shards import ShardSet
 from tests.support.tools import unavailable
 
 ENOSPC_BUG = (
@@ -37,7 +38,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def one_mib_shards(make_bucket):  # type: ignore[no-untyped-def]
+def one_mib_shards(make_bucket: Callable[..., ShardSet]) -> ShardSet:
     return make_bucket(count=6, samples=16, payload_bytes=60 * 1024)  # ~1 MiB each: 3 fit on disk at most
 
 
