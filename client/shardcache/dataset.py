@@ -262,6 +262,17 @@ class Dataset:
             unit_counts(node, units)
         node.close()
 
+    def partitioning_of(self, context: RuntimeContext | None = None) -> list[Any] | None:
+        """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix
+        or a kind that plans its own rows): what an elastic resume replays (`shardcache.elastic`)."""
+        if self._source.kind == "mix":
+            return None
+        node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
+        if not isinstance(node, SourceNode) or not node.partitionable:
+            return None
+        part = node.partitioning
+        return [part.placement, part.even, part.exchange]
+
     def parts(self) -> list[str]:
         """Short descriptions of the source and each stage, carried in states (`shardcache.resume_check`)."""
         from shardcache.resume_check import pipeline_parts

@@ -22,9 +22,11 @@ What an elastic resume supports: stages after the source that map, select or bat
 source's position), and one shuffle with only map and select before it (its state holds how many samples
 it took and emitted; which ones are still buffered is replayed from those numbers, the way the shuffle's
 own resume does, so the new readers read them too). In a TorchLoader the same holds for the workers'
-pipelines; the loader-side stages may map and batch. Other stages hold samples back in ways no state
-records (assemble, unbatch, a shuffle after a batch): refused with `UnsupportedResume` naming the stage,
-resume those on the same topology. Under `even="drop"` the resumed epoch leaves out fewer than the new
+pipelines; the loader-side stages may map and batch, and the recommended `.unbatch().shuffle(n).batch(b)`
+works too when the workers only map and select: the workers' batches reach the main process in a fixed
+rotation, so the loader shuffle's n-th input is a known sample of a known worker (`_loader_left`). Other
+stages hold samples back in ways no state records (assemble, an unbatch without that shuffle, a shuffle
+after a batch): refused with `UnsupportedResume` naming the stage, resume those on the same topology. Under `even="drop"` the resumed epoch leaves out fewer than the new
 world size of the remaining samples again.
 """
 
@@ -163,6 +165,7 @@ def origin_of(
         "origin": None if first is None else first.get("origin"),
         # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
         "shuffle": None if shuffle is None else [shuffle.buffer_size, shuffle.initial, shuffle.seed],
+        "loader": None,
     }
 
 
@@ -222,6 +225,8 @@ def needs_counts(origin: dict[str, Any] | None) -> bool:
         partitioning = origin.get("partitioning")
         if partitioning is not None and partitioning[1] is not None:
             return True
+        if origin.get("loader") is not None:
+            return True
         if any(isinstance(p, dict) for p in origin.get("slots", {}).values()):
             return True
         origin = origin.get("origin")
@@ -239,6 +244,11 @@ def remaining_pieces(
     universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
     layout = Layout(**origin["layout"])
     placement, even, exchange = origin["partitioning"]
+    if not node.partitionable:
+        raise UnsupportedResume(
+            f"an elastic resume of a {node.spec.kind} source is not supported (it plans its rows itself): "
+            "resume on the same topology"
+        )
     if node.spec.options.get("node_owners") and layout.groups > 1:
         raise UnsupportedResume(
             "an elastic resume inside a mini-epoch chunk is not supported: resume the chunk on the same "
@@ -262,9 +272,13 @@ def remaining_pieces(
     for slot, pieces in enumerate(plan):
         if slot in exhausted:
             continue
+        if origin.get("loader") is not None:
+            continue  # read below, rank by rank
         progress = origin["slots"].get(str(slot), (0, 0))
         if isinstance(progress, dict):
-            left.extend(_not_emitted(pieces, progress, _shuffle_node(node, origin, layout, slot)))
+            shuffle = _shuffle_node(node, origin["shuffle"], origin, layout.ranks, layout.workers, slot)
+            buffered = sorted(shuffle.buffered_inputs(progress["taken"], progress["emitted"]))
+            left.extend(_not_emitted(pieces, progress["taken"], buffered))
             continue
         pos, index = progress
         if pos < len(pieces):
@@ -273,6 +287,8 @@ def remaining_pieces(
             if current.stop is None or start < current.stop:
                 left.append(Piece(current.unit, start, current.stop, current.pad))
             left.extend(pieces[pos + 1 :])
+    if origin.get("loader") is not None:
+        left = _loader_left(node, origin, layout, plan)
     return [_sized(Piece(p.unit, p.start, p.stop), counts) for p in left if not p.pad]
 
 
@@ -282,27 +298,27 @@ def _sized(piece: Piece, counts: list[int] | None) -> Piece:
     return Piece(piece.unit, piece.start, counts[piece.unit], piece.pad)
 
 
-def _shuffle_node(node: SourceNode, origin: dict[str, Any], layout: Layout, slot: int) -> Any:
-    """The old slot's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
+def _shuffle_node(
+    node: SourceNode, params: list[Any], origin: dict[str, Any], ranks: int, workers: int, slot: int
+) -> Any:
+    """An old reader's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
     from shardcache.stages import Node
 
-    buffer_size, initial, seed = origin["shuffle"]
+    buffer_size, initial, seed = params
     old = RuntimeContext(
-        rank=slot // layout.workers,
-        world_size=layout.ranks,
-        worker_id=slot % layout.workers,
-        num_workers=layout.workers,
+        rank=slot // workers,
+        world_size=ranks,
+        worker_id=slot % workers,
+        num_workers=workers,
         seed=node.ctx.seed,
         epoch=int(origin["epoch"]),
     )
     return ShuffleStage(buffer_size, initial, seed).node(Node(), old)
 
 
-def _not_emitted(pieces: list[Piece], progress: dict[str, int], shuffle: Any) -> list[Piece]:
-    """The samples of a slot's stream its shuffle had not emitted: the buffered inputs, then every input
-    from `taken` on (inputs are the stream's samples in order; the pieces are sized)."""
-    taken = progress["taken"]
-    buffered = sorted(shuffle.buffered_inputs(taken, progress["emitted"]))
+def _not_emitted(pieces: list[Piece], taken: int, buffered: list[int]) -> list[Piece]:
+    """The samples of a stream (the pieces, sized) that were not emitted: the `buffered` input indices
+    (sorted), then every input from `taken` on."""
     out: list[Piece] = []
     first = 0  # the stream index of the current piece's first sample
     b = 0
@@ -317,3 +333,41 @@ def _not_emitted(pieces: list[Piece], progress: dict[str, int], shuffle: Any) ->
             out.append(Piece(piece.unit, start, piece.stop, piece.pad))
         first += size
     return out
+
+
+def _loader_left(
+    node: SourceNode, origin: dict[str, Any], layout: Layout, plan: list[list[Piece]]
+) -> list[Piece]:
+    """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
+
+    Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in a
+    fixed rotation (`shardcache.loader_stream`), so the n-th sample the loader-side shuffle took is a
+    known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
+    """
+    loader = origin["loader"]
+    batch, workers = int(loader["batch"]), layout.workers
+    left: list[Piece] = []
+    for rank in range(layout.ranks):
+        taken, emitted = loader["ranks"][str(rank)]
+        shuffle = _shuffle_node(node, loader["shuffle"], origin, layout.ranks, 1, rank)
+        buffered = set(shuffle.buffered_inputs(taken, emitted))
+        streams = [plan[rank * workers + w] for w in range(workers)]
+        sizes = [sum(p.size for p in stream) for stream in streams]
+        frontier = [0] * workers  # samples of each worker among the first `taken` the shuffle took
+        held: list[list[int]] = [[] for _ in range(workers)]
+        flat = 0
+        round_index = 0
+        while flat < taken and any(round_index * batch < size for size in sizes):
+            for w, size in enumerate(sizes):
+                count = min(batch, size - round_index * batch)
+                for j in range(round_index * batch, round_index * batch + max(0, count)):
+                    if flat >= taken:
+                        break
+                    if flat in buffered:
+                        held[w].append(j)
+                    frontier[w] = j + 1
+                    flat += 1
+            round_index += 1
+        for w, stream in enumerate(streams):
+            left.extend(_not_emitted(stream, frontier[w], held[w]))
+    return left

@@ -248,7 +248,9 @@ class TorchLoader:
             node = stage.node(node, ctx)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
-        iterator = LoaderIterator(node, header(self, ctx), self._telemetry(node, ctx))
+        start: dict[str, Any] = next(iter(worker_states.values()), {})
+        origin = start.get("origin")  # where an elastic resume started this epoch
+        iterator = LoaderIterator(node, header(self, ctx, origin), self._telemetry(node, ctx))
         self._runtime.iterator = iterator
         return iterator
 

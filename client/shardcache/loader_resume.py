@@ -66,8 +66,9 @@ def parts(loader: TorchLoader, num_workers: int) -> list[str]:
     ]
 
 
-def header(loader: TorchLoader, ctx: RuntimeContext) -> dict[str, Any]:
-    """What a state of `loader`'s iteration as `ctx` starts with, before the nodes' positions."""
+def header(loader: TorchLoader, ctx: RuntimeContext, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a state of `loader`'s iteration as `ctx` starts with, before the nodes' positions (`origin`:
+    where an elastic resume started this epoch)."""
     return {
         "version": STATE_VERSION,
         "kind": "torch_loader",
@@ -78,6 +79,9 @@ def header(loader: TorchLoader, ctx: RuntimeContext) -> dict[str, Any]:
         "dp_size": ctx.dp_size,
         "node_groups": ctx.node_groups,
         "epoch": ctx.epoch,
+        # What an elastic resume through a loader-side shuffle needs to replay this epoch's plan.
+        "partitioning": loader.dataset.partitioning_of(ctx),
+        "origin": origin,
     }
 
 
@@ -147,6 +151,7 @@ def _from_merged(
 ) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
     """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
     from shardcache.elastic import elastic_state, needs_counts, origin_of, source_position
+    from shardcache.errors import UnsupportedResume
 
     states = merged["states"]
     first = states[0]
@@ -157,28 +162,86 @@ def _from_merged(
     )
     if unchanged:
         return states[ctx.dp_rank], {}, int(merged["epoch"])
-    entries: list[tuple[int, dict[str, Any] | None, bool]] = []
-    for state in states:
-        merge = state["pipeline"]
-        for stage in reversed(loader.stages):
-            if stage.kind not in ("map", "batch"):
-                from shardcache.errors import UnsupportedResume
-
-                raise UnsupportedResume(
-                    "an elastic resume (another number of nodes, ranks or workers) cannot go through the "
-                    f"loader-side .{stage.describe()}: it holds items back. Resume on the same topology "
-                    "with each rank's own state, or keep only map and batch stages on the loader"
-                )
-            merge = merge["up"]
-        streams = max(1, int(state["num_workers"]))
-        done = set(merge.get("exhausted", ()))
-        for w in range(streams):
-            slot = int(state["dp_rank"]) * streams + w
-            worker = merge["workers"].get(str(w))
-            position = None if worker is None else source_position(loader.dataset.stages, worker["pipeline"])
-            entries.append((slot, position, w in done))
-    origin = origin_of(entries, int(merged["epoch"]), loader.dataset.stages)
+    if any(stage.kind == "shuffle" for stage in loader.stages):
+        origin = _loader_shuffle_origin(loader, merged)
+    else:
+        entries: list[tuple[int, dict[str, Any] | None, bool]] = []
+        for state in states:
+            merge = state["pipeline"]
+            for stage in reversed(loader.stages):
+                if stage.kind not in ("map", "batch"):
+                    raise UnsupportedResume(
+                        "an elastic resume (another number of nodes, ranks or workers) cannot go through "
+                        f"the loader-side .{stage.describe()}: it holds items back. Resume on the same "
+                        "topology with each rank's own state, or keep map, batch and one shuffle (after "
+                        "an unbatch) on the loader"
+                    )
+                merge = merge["up"]
+            streams = max(1, int(state["num_workers"]))
+            done = set(merge.get("exhausted", ()))
+            for w in range(streams):
+                slot = int(state["dp_rank"]) * streams + w
+                worker = merge["workers"].get(str(w))
+                stages = loader.dataset.stages
+                position = None if worker is None else source_position(stages, worker["pipeline"])
+                entries.append((slot, position, w in done))
+        origin = origin_of(entries, int(merged["epoch"]), loader.dataset.stages)
     if needs_counts(origin):  # here in the main process: the workers get the counts with the dataset
         loader.dataset.count_samples(always=True)
     start = elastic_state(loader.dataset.fingerprint(), origin)
     return None, {w: start for w in range(max(1, loader.num_workers))}, int(merged["epoch"])
+
+
+def _loader_shuffle_origin(loader: TorchLoader, merged: dict[str, Any]) -> dict[str, Any]:
+    """The origin of an elastic resume through a loader-side shuffle (`elastic._loader_left`): each old
+    rank's shuffle progress, with the layout and partitioning its header recorded."""
+    from shardcache.elastic import ONE_TO_ONE_STAGES
+    from shardcache.errors import UnsupportedResume
+    from shardcache.stages.shuffle import ShuffleStage
+
+    def refuse(why: str) -> UnsupportedResume:
+        return UnsupportedResume(
+            f"an elastic resume through the loader-side shuffle needs {why}; resume on the same topology "
+            "with each rank's own state"
+        )
+
+    stages = list(loader.stages)
+    at = next(i for i, s in enumerate(stages) if s.kind == "shuffle")
+    shuffle = stages[at]
+    assert isinstance(shuffle, ShuffleStage)
+    below = [s.kind for s in stages[:at] if s.kind != "map"]
+    if below != (["unbatch"] if loader.batch_size is not None else []) or any(
+        s.kind not in ("map", "batch") for s in stages[at + 1 :]
+    ):
+        raise refuse("the workers' batches unbatched right before it and only map or batch after it")
+    if any(s.kind not in ONE_TO_ONE_STAGES for s in loader.dataset.stages):
+        raise refuse("only map and select in the dataset (one sample per input)")
+    if loader.loader_kwargs.get("drop_last"):
+        raise refuse("drop_last=False for the workers' batches")
+    ranks: dict[str, list[int]] = {}
+    first = merged["states"][0]
+    if first.get("partitioning") is None:
+        raise refuse("a state taken by this version (it records the partitioning)")
+    for state in merged["states"]:
+        node = state["pipeline"]
+        for _ in stages[at + 1 :]:  # map and batch after the shuffle: their state is the shuffle's
+            node = node["up"]
+        ranks[str(int(state["dp_rank"]))] = [int(node["taken"]), int(node["emitted"])]
+    return {
+        "epoch": int(merged["epoch"]),
+        "layout": {
+            "groups": int(first["node_groups"]),
+            "ranks": int(first["dp_size"]),
+            "workers": max(1, int(first["num_workers"])),
+        },
+        "partitioning": first["partitioning"],
+        "slots": {},
+        "exhausted": [],
+        "origin": first.get("origin"),
+        "shuffle": None,
+        "loader": {
+            "batch": loader.batch_size or 1,
+            "shuffle": [shuffle.buffer_size, shuffle.initial, shuffle.seed],
+            "ranks": ranks,
+        },
+    }

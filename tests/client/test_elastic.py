@@ -275,18 +275,47 @@ def test_torchloader_merged_state_on_the_same_topology_resumes_the_uninterrupted
         assert head + [k for batch in resumed for k in batch] == full
 
 
-def test_torchloader_elastic_resume_through_a_loader_side_shuffle_is_refused_naming_it(
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize(("workers", "new_ranks", "new_workers"), [(2, 3, 1), (1, 1, 2), (2, 4, 2)])
+def test_torchloader_elastic_resume_through_unbatch_shuffle_batch_reads_every_remaining_sample_once(
+    tars: list[str], workers: int, new_ranks: int, new_workers: int
+) -> None:
+    """The recommended loader: worker micro-batches, then unbatch, a loader-side shuffle and batch."""
+    pytest.importorskip("torch.utils.data")
+
+    def recommended(ctx: RuntimeContext, n: int) -> Any:
+        return loader(tars, ctx, n).unbatch().shuffle(7, initial=4).batch(4)
+
+    ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]
+    seen: list[str] = []
+    states = []
+    for ctx, batches in zip(ranks, (3, 6), strict=True):
+        it = iter(recommended(ctx, workers))
+        seen += [k for batch in itertools.islice(it, batches) for k in batch]
+        states.append(it.state_dict())
+        it.close()
+    merged = merge_states(states)
+    rest: list[str] = []
+    for r in range(new_ranks):
+        resumed = recommended(RuntimeContext(rank=r, world_size=new_ranks, local_world_size=1), new_workers)
+        resumed.load_state_dict(merged)
+        rest += [k for batch in resumed for k in batch]
+    assert len(seen) == 36
+    assert Counter(seen) + Counter(rest) == ALL  # the shuffle's buffer too: none lost, none twice
+
+
+def test_torchloader_elastic_resume_through_a_loader_side_assemble_is_refused_naming_it(
     tars: list[str],
 ) -> None:
     pytest.importorskip("torch.utils.data")
     states = []
     for r in range(2):
-        it = iter(loader(tars, RuntimeContext(rank=r, world_size=2, local_world_size=1), 0).shuffle(4))
+        it = iter(loader(tars, RuntimeContext(rank=r, world_size=2, local_world_size=1), 0).unbatch())
         next(it)
         states.append(it.state_dict())
-    resumed = loader(tars, RuntimeContext(rank=0, world_size=3, local_world_size=1), 0).shuffle(4)
+    resumed = loader(tars, RuntimeContext(rank=0, world_size=3, local_world_size=1), 0).unbatch()
     resumed.load_state_dict(merge_states(states))
-    with pytest.raises(UnsupportedResume, match=r"shuffle"):
+    with pytest.raises(UnsupportedResume, match=r"unbatch"):
         next(iter(resumed))
 
 
