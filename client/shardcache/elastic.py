@@ -26,8 +26,9 @@ pipelines; the loader-side stages may map and batch, and the recommended `.unbat
 works too when the workers only map and select: the workers' batches reach the main process in a fixed
 rotation, so the loader shuffle's n-th input is a known sample of a known worker (`_loader_left`). Other
 stages hold samples back in ways no state records (assemble, an unbatch without that shuffle, a shuffle
-after a batch): refused with `UnsupportedResume` naming the stage, resume those on the same topology. Under `even="drop"` the resumed epoch leaves out fewer than the new
-world size of the remaining samples again.
+after a batch): refused with `UnsupportedResume` naming the stage, resume those on the same topology.
+Under `even="drop"` the resumed epoch leaves out fewer than the new world size of the remaining samples
+again.
 """
 
 from __future__ import annotations
