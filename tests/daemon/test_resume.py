@@ -54,7 +54,8 @@ def test_a_download_cut_by_three_graceful_restarts_resumes_and_fetches_less_than
     url, size = shards.s3_urls[0], shards.total_bytes
     cache = tmp_path / "cache"
     allow = [f"s3://{shards.bucket}"]
-    with Proxy(s3_server.endpoint, rate=256 * 1024) as slow:
+    # Slow enough that a busy machine cannot finish the download between the check and the SIGTERM.
+    with Proxy(s3_server.endpoint, rate=128 * 1024) as slow:
         env = {**slow.env, **SMALL_CHUNKS}
         kept = []
         for share in (0.3, 0.55, 0.8):  # starting over each time would fetch 0.3 + 0.55 + 0.8 + 1 shards
@@ -79,7 +80,8 @@ def test_a_partial_download_of_an_object_that_changed_meanwhile_is_not_resumed(
     url, size = shards.s3_urls[0], shards.total_bytes
     cache = tmp_path / "cache"
     allow = [f"s3://{shards.bucket}"]
-    with Proxy(s3_server.endpoint, rate=256 * 1024) as slow:
+    # Slow enough that a busy machine cannot finish the download between the check and the SIGTERM.
+    with Proxy(s3_server.endpoint, rate=128 * 1024) as slow:
         env = {**slow.env, **SMALL_CHUNKS}
         _cut_mid_download(daemon_factory(allow=allow, cache_dir=cache, env=env), url, size)
         replacement = bytes(reversed(Path(shards.local_paths[0]).read_bytes()))  # same size, new ETag
