@@ -6,7 +6,7 @@ simulated node runs its own real `shardcached` (own cache dir, socket and metric
 process reading through its node's daemon with an explicit `RuntimeContext` (a `required` daemon client: a
 rank never reads S3 itself, so every byte read is counted by some daemon). The cluster, the daemons and the
 rank processes are the ones `tests/cluster/` builds (`tests.support.cluster.NodeSet`,
-`tests.support.cluster_ranks.run_epochs`).
+`tests.support.cluster_ranks.run_cluster`).
 
 Epochs run in lockstep (a barrier opens each one, as DDP steps would). Every mode starts fresh daemons with
 empty caches over the same objects:
@@ -32,7 +32,6 @@ import argparse
 import io
 import json
 import os
-import queue
 import random
 import tarfile
 import tempfile
@@ -49,7 +48,7 @@ from shardcache.daemon_client import DaemonClient
 from shardcache.shards import ShardRef
 from shardcache.sources.partition import owners, weights_of
 from tests.support.cluster import Node, NodeSet, rank_process_context
-from tests.support.cluster_ranks import Rank, run_epochs
+from tests.support.cluster_ranks import Rank, run_cluster
 from tests.support.devservers import start_s3_server
 
 DEADLINE_S = 600.0
@@ -188,52 +187,29 @@ def run_mode(
             BenchRank(r, world, per_node, nodes[r // per_node].socket, data.refs, **mode)
             for r in range(world)
         ]
-        barrier = context.Barrier(len(ranks) + 1)
-        results = context.Queue()
-        procs = [context.Process(target=run_epochs, args=(r, epochs, barrier, results)) for r in ranks]
-        for proc in procs:
-            proc.start()
-        try:
-            before = settled(nodes)
-            for epoch in range(epochs):
-                barrier.wait(DEADLINE_S)
-                got: dict[int, list[str]] = {}
-                while len(got) < len(ranks):
-                    try:
-                        rank, done, keys = results.get(timeout=DEADLINE_S)
-                    except queue.Empty:
-                        missing = sorted(set(range(len(ranks))) - set(got))
-                        raise RuntimeError(f"epoch {epoch}: ranks {missing} did not finish") from None
-                    if done < 0:
-                        raise RuntimeError(f"rank {rank} failed:\n{keys}")
-                    got[rank] = keys
-                after = settled(nodes)
-                seen = Counter(k for keys in got.values() for k in keys)
-                fetched = sum(
-                    a["bytes_fetched"] - b["bytes_fetched"] for a, b in zip(after, before, strict=True)
+        before = settled(nodes)
+
+        def after_epoch(epoch: int, got: dict[int, list[str]]) -> None:
+            nonlocal before
+            after = settled(nodes)
+            seen = Counter(k for keys in got.values() for k in keys)
+            fetched = sum(a["bytes_fetched"] - b["bytes_fetched"] for a, b in zip(after, before, strict=True))
+            hits = [
+                (a["hits"] - b["hits"]) / max(1, a["hits"] + a["misses"] - b["hits"] - b["misses"])
+                for a, b in zip(after, before, strict=True)
+            ]
+            figures.append(
+                EpochFigures(
+                    fetched / data.total_bytes,
+                    hits,
+                    sum(seen.values()),
+                    sum((seen - data.keys).values()),
+                    len(data.keys - seen),
                 )
-                hits = [
-                    (a["hits"] - b["hits"]) / max(1, a["hits"] + a["misses"] - b["hits"] - b["misses"])
-                    for a, b in zip(after, before, strict=True)
-                ]
-                figures.append(
-                    EpochFigures(
-                        fetched / data.total_bytes,
-                        hits,
-                        sum(seen.values()),
-                        sum((seen - data.keys).values()),
-                        len(data.keys - seen),
-                    )
-                )
-                before = after
-            barrier.wait(DEADLINE_S)
-            for proc in procs:
-                proc.join(DEADLINE_S)
-        finally:
-            for proc in procs:
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
+            )
+            before = after
+
+        run_cluster(context, list(ranks), epochs, after_epoch, DEADLINE_S)
         foreign = [
             {s["url"] for s in node.shards()} - share for node, share in zip(nodes, shares, strict=True)
         ]

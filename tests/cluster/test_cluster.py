@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -24,7 +23,7 @@ import pytest
 from shardcache import merge_states
 from shardcache.sources.partition import owners, weights_of
 from tests.support.cluster import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
-from tests.support.cluster_ranks import Rank, read_part, read_rest, run_epochs
+from tests.support.cluster_ranks import Rank, read_part, read_rest, run_cluster
 from tests.support.shards import make_tar_shard
 
 PER_NODE = 2
@@ -67,45 +66,6 @@ def share_bytes(data: ClusterData, share: set[str]) -> int:
 def ranks_on(data: ClusterData, nodes: list[Node], per_node: int, placement: str = "auto") -> list[Rank]:
     world = len(nodes) * per_node
     return [Rank(r, world, per_node, nodes[r // per_node].socket, data.refs, placement) for r in range(world)]
-
-
-def run_cluster(
-    context: Any,
-    ranks: list[Rank],
-    epochs: int,
-    after_epoch: Callable[[int, dict[int, list[str]]], None],
-) -> None:
-    """Every rank in its own process, epochs in lockstep; `after_epoch(epoch, keys by rank)` runs while the
-    ranks wait for the next epoch (their plans for it registered, nothing being read)."""
-    barrier = context.Barrier(len(ranks) + 1)
-    results = context.Queue()
-    procs = [context.Process(target=run_epochs, args=(rank, epochs, barrier, results)) for rank in ranks]
-    for proc in procs:
-        proc.start()
-    try:
-        for epoch in range(epochs):
-            barrier.wait(DEADLINE_S)
-            got: dict[int, list[str]] = {}
-            while len(got) < len(ranks):
-                try:
-                    rank, done, keys = results.get(timeout=DEADLINE_S)
-                except queue.Empty:
-                    missing = sorted(set(range(len(ranks))) - set(got))
-                    pytest.fail(f"epoch {epoch}: ranks {missing} did not finish")
-                if done < 0:
-                    pytest.fail(f"rank {rank} failed:\n{keys}")
-                assert done == epoch
-                got[rank] = keys
-            after_epoch(epoch, got)
-        barrier.wait(DEADLINE_S)
-        for proc in procs:
-            proc.join(DEADLINE_S)
-            assert proc.exitcode == 0
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
 
 
 def egress(nodes: list[Node]) -> int:

@@ -6,7 +6,9 @@ reads is counted by some daemon's egress).
 from __future__ import annotations
 
 import itertools
+import queue
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,3 +79,45 @@ def read_rest(rank: Rank, merged: dict[str, Any]) -> list[str]:
     ds = rank.dataset()
     ds.load_state_dict(merged)
     return [s["__key__"] for s in ds.iter_context()]
+
+
+def run_cluster(
+    context: Any,
+    ranks: list[Rank],
+    epochs: int,
+    after_epoch: Callable[[int, dict[int, list[str]]], None],
+    deadline_s: float = 120.0,
+) -> None:
+    """Every rank in its own process (`context`), epochs in lockstep; `after_epoch(epoch, keys by rank)`
+    runs while the ranks wait for the next epoch (their plans for it registered, nothing being read)."""
+    barrier = context.Barrier(len(ranks) + 1)
+    results = context.Queue()
+    procs = [context.Process(target=run_epochs, args=(rank, epochs, barrier, results)) for rank in ranks]
+    for proc in procs:
+        proc.start()
+    try:
+        for epoch in range(epochs):
+            barrier.wait(deadline_s)
+            got: dict[int, list[str]] = {}
+            while len(got) < len(ranks):
+                try:
+                    rank, done, keys = results.get(timeout=deadline_s)
+                except queue.Empty:
+                    missing = sorted(set(range(len(ranks))) - set(got))
+                    raise RuntimeError(f"epoch {epoch}: ranks {missing} did not finish") from None
+                if done < 0:
+                    raise RuntimeError(f"rank {rank} failed:\n{keys}")
+                if done != epoch:
+                    raise RuntimeError(f"rank {rank} reported epoch {done} during epoch {epoch}")
+                got[rank] = keys
+            after_epoch(epoch, got)
+        barrier.wait(deadline_s)
+        for proc in procs:
+            proc.join(deadline_s)
+            if proc.exitcode != 0:
+                raise RuntimeError(f"a rank process exited with {proc.exitcode}")
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
