@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from shardcache import Dataset, RuntimeContext, StateError, UnsupportedResume, merge_states
 from tests.client.pipeline_support import worker_context
+from tests.support.contexts import contexts
 from tests.support.shards import make_tar_shard
 
 SHARDS = 24
@@ -38,17 +39,6 @@ def tars(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         make_tar_shard(path, i, shard_samples(i), payload_bytes=16)
         paths.append(str(path))
     return paths
-
-
-def contexts(nodes: int, per_node: int, workers: int = 1, epoch: int = 0) -> list[RuntimeContext]:
-    world = nodes * per_node
-    return [
-        RuntimeContext(
-            rank=r, world_size=world, worker_id=w, num_workers=workers, epoch=epoch, local_world_size=per_node
-        )
-        for r in range(world)
-        for w in range(workers)
-    ]
 
 
 def dataset(tars: list[str], **options: Any) -> Dataset:

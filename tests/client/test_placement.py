@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from shardcache import Dataset, RuntimeContext
+from tests.support.contexts import contexts
 from tests.support.shards import make_tar_shard
 
 SHARDS = 24
@@ -34,25 +35,6 @@ def tars(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 ALL = Counter(f"s{i:04d}_{j:05d}" for i in range(SHARDS) for j in range(shard_samples(i)))
-
-
-def contexts(
-    nodes: int, per_node: int, workers: int = 1, epoch: int = 0, one_node: bool = False
-) -> list[RuntimeContext]:
-    """Every slot of `nodes` x `per_node` ranks x `workers` (one_node: the same ranks on a single node)."""
-    world = nodes * per_node
-    return [
-        RuntimeContext(
-            rank=r,
-            world_size=world,
-            worker_id=w,
-            num_workers=workers,
-            epoch=epoch,
-            local_world_size=world if one_node else per_node,
-        )
-        for r in range(world)
-        for w in range(workers)
-    ]
 
 
 def dataset(tars: list[str], **options: Any) -> Dataset:
