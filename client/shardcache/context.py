@@ -104,11 +104,22 @@ def _torch_worker_info() -> tuple[int, int] | None:
     return None if info is None else (int(info.id), int(info.num_workers))
 
 
-def _torch_dist_rank() -> tuple[int, int] | None:
+def torch_distributed() -> Any:
+    """`torch.distributed` when it is imported and initialised in this process, else None."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    return int(dist.get_rank()), int(dist.get_world_size())
+    return dist
+
+
+def in_main_process() -> bool:
+    """False inside a torch DataLoader worker."""
+    return _torch_worker_info() is None
+
+
+def _torch_dist_rank() -> tuple[int, int] | None:
+    dist = torch_distributed()
+    return None if dist is None else (int(dist.get_rank()), int(dist.get_world_size()))
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 
 from shardcache.cache_boundary import CACHE_DEFAULTS as CACHE_DEFAULTS
 from shardcache.cache_boundary import cache_stage, cut_at_cache
-from shardcache.context import RuntimeContext
+from shardcache.context import RuntimeContext, in_main_process
 from shardcache.dataset_resume import Runtime, check_loaded, resume_point
 from shardcache.errors import ConfigError
-from shardcache.iteration import PipelineIterator, in_main_process
+from shardcache.iteration import PipelineIterator
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
@@ -263,15 +263,12 @@ class Dataset:
         node.close()
 
     def partitioning_of(self, context: RuntimeContext | None = None) -> list[Any] | None:
-        """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix
-        or a kind that plans its own rows): what an elastic resume replays (`shardcache.elastic`)."""
+        """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix),
+        as its states record them: what an elastic resume replays (`shardcache.elastic`)."""
         if self._source.kind == "mix":
             return None
         node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
-        if not isinstance(node, SourceNode) or not node.partitionable:
-            return None
-        part = node.partitioning
-        return [part.placement, part.even, part.exchange]
+        return node.partitioning.as_list() if isinstance(node, SourceNode) else None
 
     def parts(self) -> list[str]:
         """Short descriptions of the source and each stage, carried in states (`shardcache.resume_check`)."""

@@ -199,17 +199,13 @@ def own_or_origin(
 
 
 def _same_layout(dataset: Dataset, state: dict[str, Any], ctx: RuntimeContext) -> bool:
-    from shardcache.sources import node_class
-
     try:
         saved = source_position(dataset.stages, state["pipeline"])
     except UnsupportedResume:
         return state.get("total_slots") == ctx.total_slots
-    node = node_class(dataset.source.kind)(dataset.source, ctx)
-    part = node.partitioning
     return bool(
         saved.get("layout") == Layout.of(ctx).as_dict()
-        and saved.get("partitioning") == [part.placement, part.even, part.exchange]
+        and saved.get("partitioning") == dataset.partitioning_of(ctx)
     )
 
 

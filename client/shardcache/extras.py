@@ -3,7 +3,7 @@
 The client's own imports of torch, pylance and pyarrow name their extra where they happen (`TorchLoader`,
 the lance and parquet sources, `.cache()`). Remote filesystems are imported by fsspec, whose message
 ("Install s3fs to access S3") does not say how to get it with shardcache; `filesystem_extra` adds that. It
-wraps the two places the client calls fsspec: every direct read of a shard (`daemon_client.open_direct`,
+wraps the two places the client calls fsspec: every direct read of a shard (`direct.open_direct`,
 used by `daemon=None`, an `auto` client without a daemon, and shards too big for the cache) and the
 listing of shard globs (`shards`).
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +14,6 @@ if TYPE_CHECKING:
     from shardcache.telemetry import Telemetry
 
 STATE_VERSION = 1
-
-
-def in_main_process() -> bool:
-    """False inside a torch DataLoader worker."""
-    data = sys.modules.get("torch.utils.data")
-    return data is None or data.get_worker_info() is None
 
 
 def _close_all(node: Node, telemetry: Telemetry | None) -> None:

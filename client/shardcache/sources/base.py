@@ -152,19 +152,18 @@ class SourceNode(Node):
     def partitioning(self) -> Partitioning:
         """Placement and equal-work mode for this reader (`shardcache.sources.partition`)."""
         if self._partitioning is None:
-            if not self.partitionable:
-                self._partitioning = Partitioning()
-            else:
-                resolved = resolve(dict(self.spec.options), self.ctx, self.facts.distributed())
-                if self.spec.resample:  # an endless stream: every rank always has a next sample
-                    resolved = Partitioning(resolved.placement, None, resolved.exchange)
-                self._partitioning = resolved
+            resolved = resolve(dict(self.spec.options), self.ctx, self.facts.distributed())
+            if self.spec.resample:  # an endless stream: every rank always has a next sample
+                resolved = Partitioning(resolved.placement, None, resolved.exchange)
+            if not self.partitionable:  # the kind cuts its own rows evenly; placement is for shards
+                resolved = Partitioning(even=resolved.even)
+            self._partitioning = resolved
         return self._partitioning
 
     @property
     def partitioned(self) -> bool:
         """Whether `shardcache.sources.partition` plans this reader (else the kind's own `order`)."""
-        return self.partitioning.layered or self.origin is not None
+        return self.origin is not None or (self.partitionable and self.partitioning.layered)
 
     def slot_pieces(self, units: list[Unit], round_index: int) -> list[Piece]:
         """What this slot reads in `round_index` of the current epoch, in reading order."""
@@ -216,7 +215,8 @@ class SourceNode(Node):
         # Subsets (split/sample) of unit-level kinds; shardcache.subsets documents which kinds it cuts here.
         units = select_units(self.spec.kind, self.units(), self.spec.options.get("subset"))
         resample = self.spec.resample
-        pad_marks = self.partitioning.even == "pad"
+        # Pieces of the partition layer carry the pad mark; a kind that cuts its own rows marks them itself.
+        pad_marks = self.partitioning.even == "pad" and self.partitioned
         job = self.spec.options.get("job") or job_id([r.url for r in self.spec.shards], self.ctx.seed)
         tracker = self._tracker = PlanTracker(
             self.opener.client if self.uses_daemon else None, job, self.ctx.slot
@@ -334,7 +334,7 @@ class SourceNode(Node):
             "index": self.index,
             # What an elastic resume on another layout needs to recompute this epoch's plan.
             "layout": Layout.of(self.ctx).as_dict(),
-            "partitioning": [part.placement, part.even, part.exchange],
+            "partitioning": part.as_list(),
         }
         if self.origin is not None:
             state["origin"] = self.origin

@@ -17,29 +17,16 @@ shards whole: for large datasets write a manifest instead (the log line says so)
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from shardcache.context import in_main_process, torch_distributed
 from shardcache.sources.partition import PLACEMENT_SEED, owners
 
 if TYPE_CHECKING:
     from shardcache.sources.base import SourceNode, Unit
 
 logger = logging.getLogger(__name__)
-
-
-def _torch_distributed() -> Any:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist
-
-
-def in_main_process() -> bool:
-    """False inside a torch DataLoader worker."""
-    data = sys.modules.get("torch.utils.data")
-    return data is None or data.get_worker_info() is None
 
 
 @dataclass
@@ -59,14 +46,14 @@ class RunFacts:
 
     def distributed(self) -> bool:
         if self.is_distributed is None:
-            dist = _torch_distributed()
+            dist = torch_distributed()
             return dist is not None and int(dist.get_world_size()) > 1
         return self.is_distributed
 
     def capture(self) -> None:
         """Record the main process's view of torch.distributed (workers inherit it)."""
         if in_main_process():
-            dist = _torch_distributed()
+            dist = torch_distributed()
             self.is_distributed = dist is not None and int(dist.get_world_size()) > 1
 
 
@@ -85,7 +72,7 @@ def unit_counts(node: SourceNode, units: list[Unit]) -> list[int]:
 
 def _count(node: SourceNode, units: list[Unit], missing: list[int]) -> None:
     ctx = node.ctx
-    dist = _torch_distributed() if in_main_process() else None
+    dist = torch_distributed() if in_main_process() else None
     if dist is not None and int(dist.get_world_size()) > 1:
         mine = missing
         if node.partitioning.placement == "node" and ctx.node_groups > 1:

@@ -17,7 +17,6 @@ from contextlib import ExitStack
 from typing import Any
 
 from shardcache.errors import ConfigError, ShardError
-from shardcache.extras import filesystem_extra
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode, Unit
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
@@ -62,7 +61,7 @@ class JsonlSource(SourceNode):
         return [f * total + part for f in files]
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
-        with filesystem_extra(unit.ref.url), self.opener.open(unit.ref, plan) as f:
+        with self.opener.open(unit.ref, plan) as f:
             data = f.read()
         if not data:
             warn_empty(unit.ref.url)

@@ -26,7 +26,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
-from shardcache.sources.partition import permutation, resolve
+from shardcache.sources.partition import permutation
 from shardcache.sources.schedule import slot_order
 from shardcache.subsets import select
 
@@ -197,19 +197,12 @@ class LanceSource(SourceNode):
             self.mode = "global"
         return self._chunks
 
-    @property
-    def even(self) -> str | None:
-        """`even=` resolved for this reader (rows are cut here, not by `shardcache.sources.partition`)."""
-        if self.spec.resample:
-            return None
-        return resolve(dict(self.spec.options), self.ctx, self.facts.distributed()).even
-
     def order(self, units: list[Unit], round_index: int) -> list[int]:
         units.clear()
         batch = int(self.spec.options.get("batch_size", 65536))
         refs = self.spec.shards
         total, slot = self.ctx.total_slots, self.ctx.slot
-        even = self.even
+        even = self.partitioning.even  # rows are cut here, not by shardcache.sources.partition
         if even is not None:
             self._even_rows(units, even, batch)
         elif self.mode == "random_scan":
@@ -271,7 +264,7 @@ class LanceSource(SourceNode):
             units.append(LanceChunk(self.spec.shards[0], rows=rows, count=len(rows), offset=-1, real=real))
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
-        if self.even == "pad":
+        if self.partitioning.even == "pad":
             assert isinstance(unit, LanceChunk)
             real = unit.count or 0 if unit.real is None else unit.real
             for i, row in enumerate(self._read(unit, start), start):

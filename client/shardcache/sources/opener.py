@@ -58,7 +58,7 @@ class ShardOpener:
     def open(self, ref: ShardRef, plan: str | None = None) -> Iterator[BinaryIO]:
         """Open one shard (a real file with fileno() on the daemon's path handoff or a local read)."""
         if self.client is None:
-            from shardcache.daemon_client import open_direct
+            from shardcache.direct import open_direct
 
             with open_direct(ref.url) as f:
                 yield f

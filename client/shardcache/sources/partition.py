@@ -36,6 +36,7 @@ import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
@@ -98,6 +99,10 @@ class Partitioning:
     placement: str = "global"
     even: str | None = None
     exchange: float = 0.0
+
+    def as_list(self) -> list[Any]:
+        """[placement, even, exchange]: how states record it."""
+        return [self.placement, self.even, self.exchange]
 
     @property
     def layered(self) -> bool:

@@ -15,7 +15,6 @@ from contextlib import ExitStack
 from typing import IO, Any
 
 from shardcache.errors import ConfigError
-from shardcache.extras import filesystem_extra
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
@@ -81,9 +80,7 @@ class TarsSource(SourceNode):
         """Samples in `unit` by walking its headers, recording sample offsets for readers that start
         inside it; a shard the walk cannot read (compressed, pax names, ...) is counted by reading."""
         if compression_of(unit.ref.url) is None and not self.spec.options.get("sidecars"):
-            with ExitStack() as stack:
-                with filesystem_extra(unit.ref.url):
-                    buf = stack.enter_context(self.opener.open_buffer(unit.ref, None))
+            with self.opener.open_buffer(unit.ref, None) as buf:
                 index = sample_index(buf, key_dot_level()) if isinstance(buf, mmap.mmap) else None
             if index is not None:
                 self.facts.offsets[unit_key(unit)] = index[1]
@@ -99,15 +96,13 @@ class TarsSource(SourceNode):
     ) -> Iterator[dict[str, Any]]:
         raw: IO[bytes]
         if compression_of(ref.url) is None:
-            with filesystem_extra(ref.url):
-                buf = stack.enter_context(self.opener.open_buffer(ref, plan))
+            buf = stack.enter_context(self.opener.open_buffer(ref, plan))
             if isinstance(buf, mmap.mmap):  # the fast path; never empty (an empty file cannot be mapped)
                 offsets = ref.sample_offsets or self.facts.offsets.get(ref.url)
                 return iter_tar_samples(buf, ref.url, level, start, offsets)
             raw = buf
         else:  # streamed through the decompressor (see `sources.compression` for why)
-            with filesystem_extra(ref.url):
-                raw = stack.enter_context(self.opener.open(ref, plan))
+            raw = stack.enter_context(self.opener.open(ref, plan))
         stream, source = decompressed_stream(raw, ref.url)
         samples = warn_if_nothing_read(iter_tar_samples_stream(stream, ref.url, level), source, ref.url)
         return itertools.islice(samples, start, None) if start else samples
