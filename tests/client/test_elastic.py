@@ -18,27 +18,14 @@ from hypothesis import strategies as st
 from shardcache import Dataset, RuntimeContext, StateError, UnsupportedResume, merge_states
 from tests.client.pipeline_support import worker_context
 from tests.support.contexts import contexts
-from tests.support.shards import make_tar_shard
+from tests.support.shards import unequal_keys, write_unequal_tars
 
-SHARDS = 24
-
-
-def shard_samples(i: int) -> int:
-    return 3 + (i * 5) % 7  # 3..9 samples: shards of unequal size
-
-
-ALL = Counter(f"s{i:04d}_{j:05d}" for i in range(SHARDS) for j in range(shard_samples(i)))
+ALL = unequal_keys()
 
 
 @pytest.fixture(scope="module")
 def tars(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    root = tmp_path_factory.mktemp("elastic")
-    paths = []
-    for i in range(SHARDS):
-        path = root / f"shard_{i:04d}.tar"
-        make_tar_shard(path, i, shard_samples(i), payload_bytes=16)
-        paths.append(str(path))
-    return paths
+    return write_unequal_tars(tmp_path_factory.mktemp("elastic"))
 
 
 def dataset(tars: list[str], **options: Any) -> Dataset:

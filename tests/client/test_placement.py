@@ -14,27 +14,15 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext
 from tests.support.contexts import contexts
-from tests.support.shards import make_tar_shard
+from tests.support.shards import UNEQUAL_SHARDS, unequal_keys, write_unequal_tars
 
-SHARDS = 24
-
-
-def shard_samples(i: int) -> int:
-    return 3 + (i * 5) % 7  # 3..9 samples
+SHARDS = UNEQUAL_SHARDS
+ALL = unequal_keys()
 
 
 @pytest.fixture(scope="module")
 def tars(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    root = tmp_path_factory.mktemp("placement")
-    paths = []
-    for i in range(SHARDS):
-        path = root / f"shard_{i:04d}.tar"
-        make_tar_shard(path, i, shard_samples(i), payload_bytes=16)
-        paths.append(str(path))
-    return paths
-
-
-ALL = Counter(f"s{i:04d}_{j:05d}" for i in range(SHARDS) for j in range(shard_samples(i)))
+    return write_unequal_tars(tmp_path_factory.mktemp("placement"))
 
 
 def dataset(tars: list[str], **options: Any) -> Dataset:

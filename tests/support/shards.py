@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,29 @@ def make_tar_shard(path: Path, shard_index: int, samples: int, payload_bytes: in
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return keys
+
+
+# A small dataset of unequal tar shards, for placement and elastic-resume tests.
+UNEQUAL_SHARDS = 24
+
+
+def unequal_samples(shard_index: int) -> int:
+    return 3 + (shard_index * 5) % 7  # 3..9 samples: shards of unequal size
+
+
+def unequal_keys() -> Counter[str]:
+    """Every sample key of `write_unequal_tars`, once."""
+    return Counter(f"s{i:04d}_{j:05d}" for i in range(UNEQUAL_SHARDS) for j in range(unequal_samples(i)))
+
+
+def write_unequal_tars(root: Path) -> list[str]:
+    """UNEQUAL_SHARDS tar shards of 3..9 tiny samples each under `root`; their paths in order."""
+    paths = []
+    for i in range(UNEQUAL_SHARDS):
+        path = root / f"shard_{i:04d}.tar"
+        make_tar_shard(path, i, unequal_samples(i), payload_bytes=16)
+        paths.append(str(path))
+    return paths
 
 
 @dataclass
