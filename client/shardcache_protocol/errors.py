@@ -45,7 +45,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "remote_changed": (502, "the remote object changed while its download was resumed; open it again"),
     "shutting_down": (503, "the daemon is stopping or restarting; retry once it is back"),
     "insufficient_capacity": (507, "the shard is larger than the capacity, or leases pin the space"),
-    "cache_disk_full": (507, "the cache filesystem is full and every shard on it is leased"),
+    "cache_disk_full": (507, "the cache filesystem is full of other files, or of leased shards"),
 }
 
 

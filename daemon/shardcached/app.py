@@ -69,6 +69,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
             resident_shards=lambda: len(store.by_url),
             inflight_fetches=lambda: service.inflight,
             plans=lambda: planner.plan_count,
+            disk_free_bytes=service.space.disk_free,
         )
     )
 

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # An open waits from microseconds (hit) to minutes (a 2 GB miss on a slow remote).
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# The codes of the 507 answers (`shardcache_protocol.ERROR_CODES`), the `code` label of refused opens.
+REFUSAL_CODES = ("cache_disk_full", "insufficient_capacity")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class StateReaders:
     resident_shards: Callable[[], float]
     inflight_fetches: Callable[[], float]
     plans: Callable[[], float]
+    disk_free_bytes: Callable[[], float]
 
 
 class Metrics:
@@ -67,6 +70,22 @@ class Metrics:
         )
         for outcome in ("used", "evicted_unused"):
             self.prefetched.labels(outcome)
+        self.refused_opens = Counter(
+            "shardcache_refused_opens",
+            "Opens answered 507 by error code: cache_disk_full or insufficient_capacity",
+            ["code"],
+            registry=registry,
+        )
+        self.room_waits = Counter(
+            "shardcache_room_waits",
+            "Opens that waited for leases or downloads to give back room, by what was short",
+            ["reason"],
+            registry=registry,
+        )
+        for code in REFUSAL_CODES:  # zero series exist from the start, so increase() sees the first one
+            self.refused_opens.labels(code)
+        for reason in ("capacity", "disk_full"):
+            self.room_waits.labels(reason)
         self._gauges: dict[str, Gauge] = {}
 
     def bind_state(self, readers: StateReaders) -> None:
@@ -77,6 +96,10 @@ class Metrics:
             "shardcache_resident_shards": ("Shards in the cache", readers.resident_shards),
             "shardcache_inflight_fetches": ("Downloads in progress", readers.inflight_fetches),
             "shardcache_plans": ("Plans the daemon holds", readers.plans),
+            "shardcache_disk_free_bytes": (
+                "Free bytes of the cache filesystem (statvfs f_bavail; -1 when unknown)",
+                readers.disk_free_bytes,
+            ),
         }
         for name, (doc, read) in specs.items():
             gauge = Gauge(name, doc, registry=self.registry)

@@ -184,7 +184,18 @@ class ShardService:
         self.metrics.served_by[mode].inc(nbytes)
 
     async def acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
-        """The resident, valid entry of canonical `url` (fetched if need be) and how: hit/inflight/miss."""
+        """The resident, valid entry of canonical `url` (fetched if need be) and how: hit/inflight/miss.
+
+        Raises:
+            InsufficientCapacity: no room for the shard (507); counted by its code.
+        """
+        try:
+            return await self._acquire(url, size, checksum)
+        except InsufficientCapacity as exc:
+            self.metrics.refused_opens.labels(exc.code).inc()
+            raise
+
+    async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
         result = "hit"
         for _ in range(8):
             if self._closing:

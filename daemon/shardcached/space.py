@@ -5,6 +5,11 @@ downloads in flight, and so does the cache filesystem's real free space (statvfs
 `min_free` bytes free there (`--min-free`), whatever else writes to that filesystem. Shards that opens are
 waiting to lease (`awaiting`) are never chosen: their open was recorded on arrival, so no plan protects
 them any more.
+
+An open waits for room (up to `--evict-wait-s`) only where waiting can give it: the bytes the cache itself
+holds (leased shards, evicted files kept for their leases, downloads in flight) are released by its own
+clients. When the cache filesystem lacks more than all of those together, the space is held by files that
+are not ours, and the open is refused at once (507 `cache_disk_full`): the client then reads directly.
 """
 
 from __future__ import annotations
@@ -76,7 +81,10 @@ class Space:
         warming (`POST /v1/prefetch`) a prefetch's victims or else shards in no plan, never a planned one.
 
         Raises:
-            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long.
+            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long
+                (`insufficient_capacity`); the cache filesystem stays short after `evict_wait_s`, or at
+                once when other files hold more of it than the cache could ever give back
+                (`cache_disk_full`).
             NoRoom: a prefetch would have to evict something needed sooner.
         """
         store = self.store
@@ -86,6 +94,7 @@ class Space:
                 f"raise shardcached --capacity or read it directly"
             )
         deadline = self._clock() + self.evict_wait_s
+        waited = False
         while not store.fits(size) or self.disk_short(size):
             candidates = store.evictable()
             if self._awaited:
@@ -107,8 +116,21 @@ class Space:
                 raise NoRoom(url)
             if self._closing():
                 raise ShuttingDown("the daemon is shutting down; retry shortly")
+            short = self.disk_short(size)
+            if short > self.reclaimable():
+                # Even evicting every shard once its leases end and downloads finish would leave the disk
+                # short: files that are not ours hold the space, and no release of ours can free it, so
+                # waiting `evict_wait_s` would only stall the open (10 s per shard by default).
+                raise InsufficientCapacity(
+                    f"no room for {url} ({size} bytes): the cache filesystem of {store.cache_dir} lacks "
+                    f"{short} bytes (keeping {self.min_free} bytes free, --min-free), more than the "
+                    f"{self.reclaimable()} bytes the cache itself holds there: other files fill it; free "
+                    f"space there or move shardcached --cache-dir to a filesystem with room (clients read "
+                    f"shards directly meanwhile)",
+                    code="cache_disk_full",
+                )
             remaining = deadline - self._clock()
-            if remaining <= 0 and (short := self.disk_short(size)):
+            if remaining <= 0 and short:
                 raise InsufficientCapacity(
                     f"no room for {url} ({size} bytes): the cache filesystem of {store.cache_dir} lacks "
                     f"{short} bytes (keeping {self.min_free} bytes free, --min-free) and every shard on it "
@@ -121,10 +143,30 @@ class Space:
                     f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
                     f"being downloaded; release leases, retry later or raise shardcached --capacity"
                 )
+            if not waited:
+                waited = True  # counted once per open, however often it wakes
+                self.metrics.room_waits.labels("disk_full" if short else "capacity").inc()
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
         store.reserve(size)
+
+    def reclaimable(self) -> int:
+        """Bytes of the cache filesystem that the cache's own clients will give back: resident shards
+        (leased or awaited ones once released), evicted files kept for their leases, and the reservations
+        of downloads in flight (their shards become evictable once done). Partial files are dropped before
+        anyone waits, so they are not counted."""
+        store = self.store
+        return store.resident_bytes + store.doomed_bytes + store.reserved_bytes
+
+    def disk_free(self) -> int:
+        """Free bytes of the cache filesystem for unprivileged writers (statvfs), -1 when unknown."""
+        try:
+            fs = os.statvfs(self.store.cache_dir)
+        except OSError as exc:
+            logger.debug("statvfs of %s failed: %s", self.store.cache_dir, exc)
+            return -1
+        return fs.f_bavail * fs.f_frsize
 
     def disk_short(self, size: int) -> int:
         """Bytes the cache filesystem lacks to take `size` more bytes besides the downloads in flight and
@@ -136,12 +178,10 @@ class Space:
         reservation, although part of it is already written: erring towards one eviction too many only
         when the disk is that full.
         """
-        try:
-            fs = os.statvfs(self.store.cache_dir)
-        except OSError as exc:  # not knowing is not a reason to refuse: the download will tell
-            logger.debug("statvfs of %s failed: %s", self.store.cache_dir, exc)
+        free = self.disk_free()
+        if free < 0:  # not knowing is not a reason to refuse: the download will tell
             return 0
-        return max(0, size + self.store.reserved_bytes + self.min_free - fs.f_bavail * fs.f_frsize)
+        return max(0, size + self.store.reserved_bytes + self.min_free - free)
 
     def evict(self, url: str, reason: str) -> Entry:
         """Drop `url` from the cache (files live on until its leases end) and count why."""
