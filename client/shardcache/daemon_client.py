@@ -25,8 +25,9 @@ from shardcache.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WA
 from shardcache.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
 from shardcache.availability import DaemonAvailability, restart_wait
 from shardcache.control import ControlClient
+from shardcache.direct import DISK_FULL_CODE, DiskFullMemory, cannot_fit
+from shardcache.direct import DISK_FULL_RETRY_S as DISK_FULL_RETRY_S
 from shardcache.direct import SIZING_RULE as SIZING_RULE
-from shardcache.direct import cannot_fit
 from shardcache.direct import local_path_of as local_path_of
 from shardcache.direct import open_direct as open_direct
 from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover
@@ -52,6 +53,9 @@ class DaemonClient(DaemonAvailability):
         required: raise `DaemonUnavailable` when no daemon answers (after `restart_wait_s`), instead of
             reading shards directly; and raise `InsufficientCapacity` for a shard the cache cannot hold
             instead of reading it directly.
+        disk_full_retry_s: after the daemon answers that its cache filesystem is full (507
+            `cache_disk_full`), an `auto` client reads every shard directly for this many seconds without
+            asking the daemon, then asks again (default `DISK_FULL_RETRY_S`, 30). 0 asks for every shard.
         timeout: seconds one request may take; an open that misses waits for the whole download.
         handoff: how a shard's bytes reach the reader: "auto" opens the local path the daemon hands over and
             streams `GET /v1/shards/data` when that path is not visible (another mount namespace); "path"
@@ -83,9 +87,12 @@ class DaemonClient(DaemonAvailability):
         reprobe_interval: float = 5.0,
         restart_wait_s: float | None = None,
         system_socket: str = SYSTEM_SOCKET,
+        disk_full_retry_s: float = DISK_FULL_RETRY_S,
     ) -> None:
         if handoff not in _HANDOFFS:
             raise ConfigError(f"handoff={handoff!r} is not one of {', '.join(map(repr, _HANDOFFS))}")
+        if not 0 <= disk_full_retry_s <= 3600:
+            raise ConfigError(f"disk_full_retry_s={disk_full_retry_s!r} must lie between 0 and 3600 seconds")
         if timeout <= 0:
             raise ConfigError(f"timeout={timeout!r} must be a positive number of seconds")
         restart_wait_s = restart_wait(restart_wait_s)
@@ -97,6 +104,7 @@ class DaemonClient(DaemonAvailability):
         self.handoff: Handoff = handoff
         self.reprobe_interval = reprobe_interval
         self.restart_wait_s = restart_wait_s
+        self.disk_full_retry_s = disk_full_retry_s
         self._setup()
 
     def _setup(self) -> None:
@@ -107,6 +115,7 @@ class DaemonClient(DaemonAvailability):
         self._seen_up = False
         self._warned_path = False
         self._warned_capacity = False
+        self._disk_full = DiskFullMemory(self.disk_full_retry_s)
 
     # -- pickling: DataLoader workers get a copy without the parent's sockets and locks --------------------
 
@@ -120,6 +129,7 @@ class DaemonClient(DaemonAvailability):
             "handoff",
             "reprobe_interval",
             "restart_wait_s",
+            "disk_full_retry_s",
         )
         return {name: self.__dict__[name] for name in keep}
 
@@ -173,6 +183,8 @@ class DaemonClient(DaemonAvailability):
         self, url: str, plan: str | None, size: int | None, checksum: str | None
     ) -> protocol.OpenGrant | None:
         """Ask the daemon for the shard; its grant (`path`, `lease`, ...), or None to read directly."""
+        if self._disk_full.skip_daemon():
+            return None  # the cache filesystem was full moments ago (`disk_full_retry_s`)
         body: dict[str, Any] = {"url": url}
         if plan is not None:
             body["plan"] = plan
@@ -182,15 +194,25 @@ class DaemonClient(DaemonAvailability):
             body["checksum"] = checksum
         path = f"{_V1}/shards/open"
         try:
-            return self._through_restarts(
+            grant = self._through_restarts(
                 lambda: parse_grant(self._transport.request("POST", path, body).raise_for_status(url), url)
             )
         except InsufficientCapacity as exc:
             self._cannot_fit(url, exc)
             return None
+        if grant is not None:
+            self._disk_full.served()
+        return grant
 
     def _cannot_fit(self, url: str, exc: InsufficientCapacity) -> None:
-        """A shard the cache cannot hold (507): read it directly (`auto`), or say how to size the cache."""
+        """A shard the cache cannot hold (507): read it directly (`auto`), or say how to size the cache.
+
+        A full cache filesystem (`cache_disk_full`) is not about this shard: an `auto` client then reads
+        every shard directly for `disk_full_retry_s` without asking (`direct.DiskFullMemory`).
+        """
+        if exc.code == DISK_FULL_CODE and not self.required:
+            self._disk_full.refused(url, exc)
+            return
         first, self._warned_capacity = not self._warned_capacity, True
         cannot_fit(url, exc, required=self.required, first=first)
 

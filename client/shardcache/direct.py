@@ -1,14 +1,18 @@
 """Reading shards without the daemon, and the message for a shard too big for its cache.
 
 Every direct read goes through `open_direct`: `daemon=None`, an `auto` client while no daemon answers (see
-`shardcache.availability`), and a shard the cache cannot hold (`cannot_fit`).
+`shardcache.availability`), a shard the cache cannot hold (`cannot_fit`), and every shard for a while after
+the daemon's cache filesystem was found full (`DiskFullMemory`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from typing import IO, BinaryIO, cast
 
 from shardcache.errors import InsufficientCapacity
@@ -22,6 +26,69 @@ SIZING_RULE = (
 )
 
 
+DISK_FULL_CODE = "cache_disk_full"
+# How long an `auto` client reads every shard directly, without asking the daemon, after a 507
+# `cache_disk_full`. A full cache filesystem is freed by a person or by another job's cleanup, in minutes,
+# not from one shard to the next: asking for every shard meanwhile costs a round trip and a remote lookup
+# per shard for the same answer. 30 s picks a freed disk up within 30 s, at one refused open per 30 s.
+DISK_FULL_RETRY_S = 30.0
+DISK_FULL_ADVICE = (
+    "free space on the daemon's cache filesystem, or move shardcached --cache-dir to one with room; see "
+    "'Cache filesystem full' in docs/troubleshooting.md"
+)
+
+
+class DiskFullMemory:
+    """Remembers that the daemon's cache filesystem is full, so shards are read directly for a while.
+
+    After `refused`, `skip_daemon` is True for `retry_s` seconds; then the daemon is asked again. The
+    first refusal, and the first after the daemon served an open again (`served`), log one warning; a
+    refusal that only confirms the disk is still full logs at debug level.
+
+    Example:
+        >>> memory = DiskFullMemory(retry_s=30.0, clock=lambda: 0.0)
+        >>> memory.skip_daemon()
+        False
+    """
+
+    def __init__(
+        self, retry_s: float = DISK_FULL_RETRY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.retry_s = retry_s
+        self._clock = clock
+        self._until = float("-inf")  # direct reads without asking until this time
+        self._full = False  # in a disk-full episode: warned, not yet served again
+        self._lock = threading.Lock()
+
+    def skip_daemon(self) -> bool:
+        """Whether to read the next shard directly without asking the daemon."""
+        return self._full and self._clock() < self._until  # one attribute read while the disk has room
+
+    def refused(self, url: str, exc: InsufficientCapacity) -> None:
+        """The daemon answered 507 `cache_disk_full` for `url`: read directly for the next `retry_s`."""
+        with self._lock:
+            self._until = self._clock() + self.retry_s
+            first, self._full = not self._full, True
+        if first:
+            logger.warning(
+                "%s; reading shards directly, without the node cache, and asking the daemon again every "
+                "%.0f s until it has room. To fix: %s",
+                exc,
+                self.retry_s,
+                DISK_FULL_ADVICE,
+            )
+        else:
+            logger.debug(
+                "the cache filesystem is still full (%s); reading directly for %.0f s", url, self.retry_s
+            )
+
+    def served(self) -> None:
+        """The daemon granted an open: a later disk-full refusal is a new episode, warned about again."""
+        if self._full:
+            with self._lock:
+                self._full = False
+
+
 def cannot_fit(url: str, exc: InsufficientCapacity, *, required: bool, first: bool) -> None:
     """A shard the cache cannot hold (507): say how to size the cache (`required`), or read it directly.
 
@@ -32,13 +99,11 @@ def cannot_fit(url: str, exc: InsufficientCapacity, *, required: bool, first: bo
         InsufficientCapacity: `required`; the message gives the sizing rule.
     """
     if required:
+        advice = DISK_FULL_ADVICE if exc.code == DISK_FULL_CODE else SIZING_RULE
         raise InsufficientCapacity(
             exc.status,
             exc.code,
-            (
-                f'{exc.detail}. To fix: {SIZING_RULE}, or use daemon="auto" to read shards that do '
-                "not fit directly"
-            ),
+            f'{exc.detail}. To fix: {advice}, or use daemon="auto" to read shards that do not fit directly',
             url,
         ) from exc
     if first:
