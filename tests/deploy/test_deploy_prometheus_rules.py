@@ -76,6 +76,7 @@ def test_every_alert_has_severity_summary_and_troubleshooting_link() -> None:
         "ShardcacheLowHitRatio",
         "ShardcacheFetchErrors",
         "ShardcacheCacheFullNoEvictable",
+        "ShardcacheCacheDiskFull",
         "ShardcacheDown",
     }
     for rule in alerts:

@@ -4,8 +4,7 @@ publish a partial shard."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ import pytest
 from tests.hardening.cache_checks import assert_cache_intact
 from tests.support.daemon_api import api, metric
 from tests.support.shards import ShardSet
-from tests.support.tools import unavailable
 
 ENOSPC_BUG = (
     "the daemon counts only --capacity, never the filesystem's free space: since a971a67 a download that "
@@ -22,20 +20,7 @@ ENOSPC_BUG = (
     "ShardService._make_room also require size <= statvfs(cache_dir).f_bavail * f_frsize, evicting (the "
     "planner's victims) until it holds, and only then answer 507"
 )
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 3 MiB tmpfs mounted for this test (root only); lazily unmounted after."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        unavailable(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+# `small_fs` (a 3 MiB tmpfs mounted per test) is in tests/hardening/conftest.py.
 
 
 def one_mib_shards(make_bucket: Callable[..., ShardSet]) -> ShardSet:
