@@ -33,10 +33,14 @@ DEFAULT_RESTART_WAIT_S = 30.0
 RESTART_WAIT_ENV = "SHARDCACHE_RESTART_WAIT_S"
 # While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.
 _PROBE_FIRST_S, _PROBE_MAX_S = 0.05, 0.5
-_REQUIRED_ADVICE = (
-    f'{START_DAEMON[:-1]}; or pass daemon="auto" to read shards directly while no daemon answers, or '
-    "daemon=None to read them directly always."
-)
+
+
+def _required_advice(first: str) -> str:
+    """`first` (a sentence: start the daemon, or join its group), then the alternatives to `required`."""
+    return (
+        f'{first[:-1]}; or pass daemon="auto" to read shards directly while no daemon answers, or '
+        "daemon=None to read them directly always."
+    )
 
 
 class DaemonAvailability:
@@ -152,7 +156,8 @@ class DaemonAvailability:
                 # The advice for the caller that chose `required`, with the sockets searched.
                 tried = self.discovery.describe()
                 reason = exc.reason if tried == exc.socket else f"{exc.reason}; sockets tried: {tried}"
-                raise DaemonUnavailable(exc.socket, reason, _REQUIRED_ADVICE) from exc.__cause__
+                advice = _required_advice(self.discovery.join_advice() or START_DAEMON)
+                raise DaemonUnavailable(exc.socket, reason, advice) from exc.__cause__
             raise exc
         with self._state_lock:
             first = self._down_at is None
@@ -161,7 +166,7 @@ class DaemonAvailability:
             what, advice = str(exc), ""
             if isinstance(exc, DaemonUnavailable):  # its own advice follows the sockets tried
                 what = f"no shardcached daemon answers on {exc.socket}: {exc.reason}"
-                advice = f"{START_DAEMON} "
+                advice = f"{self.discovery.join_advice() or START_DAEMON} "
             logger.warning(
                 "%s (sockets tried: %s); reading shards directly (no node cache) until it answers again. "
                 '%sPass daemon="required" to make this an error.',

@@ -258,10 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(client, args))
     except DaemonUnavailable as exc:
         # The socket and the reason, with this tool's advice (the exception's own is for Python callers).
+        advice = client.discovery.join_advice() or (
+            "Start shardcached, or give its socket with --socket PATH or the SHARDCACHE_SOCKET environment "
+            "variable."
+        )
         print(
-            f"shardcache {args.command}: no shardcached daemon answers on {exc.socket} ({exc.reason}); "
-            "start shardcached, or give its socket with --socket PATH or the SHARDCACHE_SOCKET environment "
-            "variable",
+            f"shardcache {args.command}: no shardcached daemon answers on {exc.socket} ({exc.reason}). "
+            f"{advice}",
             file=sys.stderr,
         )
         return 1

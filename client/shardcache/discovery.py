@@ -10,11 +10,13 @@ The order, first match wins:
 
 A trainer that finds no socket at all uses the per-user path (the system path for root) and keeps looking:
 `DaemonClient` searches again each time it re-probes a daemon that did not answer, so a daemon started after
-the trainer is found. The warning of a trainer that reads directly names every path it tried.
+the trainer is found. The warning of a trainer that reads directly names every path it tried, and for a path
+this user may not reach (the system socket's directory is mode 0750, group `shardcache`), the group to join.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import stat
 from dataclasses import dataclass
@@ -42,6 +44,51 @@ def is_socket(path: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Denied:
+    """A socket path this user may not reach: `directory` keeps it out, and members of its group get in."""
+
+    directory: str
+    group: str  # the group's name, or "gid N" when it has none here
+
+    def advice(self) -> str:
+        """What to do, for messages: "join group shardcache, the group of /run/shardcache"."""
+        return f"join group {self.group}, the group of {self.directory}"
+
+
+def denied(path: str) -> Denied | None:
+    """Why this user may not reach `path` (permission denied), else None (it exists, or it is absent).
+
+    The directory that keeps it out is the nearest one this user can still stat: it may not search it.
+    """
+    try:
+        os.stat(path)
+        return None
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    for directory in Path(path).parents:
+        try:
+            gid = os.stat(directory).st_gid
+        except OSError:
+            continue
+        try:
+            group = grp.getgrgid(gid).gr_name
+        except KeyError:
+            group = f"gid {gid}"
+        return Denied(str(directory), group)
+    return None
+
+
+def path_state(path: str) -> str:
+    """How a socket path looks to this user, for messages: "exists", "absent" or "permission denied: ..."."""
+    if is_socket(path):
+        return "exists"
+    refused = denied(path)
+    return "absent" if refused is None else f"permission denied: {refused.advice()}"
+
+
+@dataclass(frozen=True)
 class Discovery:
     """The socket chosen and how: `explicit` (argument or `SHARDCACHE_SOCKET`) or searched among `tried`."""
 
@@ -50,12 +97,28 @@ class Discovery:
     explicit: bool
 
     def describe(self) -> str:
-        """The paths tried, for messages: "SHARDCACHE_SOCKET=/x" or "/run/... (absent), /run/user/..."."""
+        """The paths tried, for messages: "SHARDCACHE_SOCKET=/x" or "/run/... (absent), /run/user/...".
+
+        A path this user may not reach says so and names the group to join: "/run/shardcache/shardcache.sock
+        (permission denied: join group shardcache, the group of /run/shardcache)".
+        """
         if self.explicit:
             from_env = os.environ.get(protocol.SOCKET_ENV)
             return f"{protocol.SOCKET_ENV}={self.socket}" if from_env == self.socket else self.socket
-        shown = [f"{path} ({'exists' if is_socket(path) else 'absent'})" for path in self.tried]
+        shown = [f"{path} ({path_state(path)})" for path in self.tried]
         return f"{', '.join(shown)}; {protocol.SOCKET_ENV} is not set"
+
+    def unreachable(self) -> list[tuple[str, Denied]]:
+        """The paths tried that this user may not reach, with why (see `denied`)."""
+        return [(path, refused) for path in self.tried if (refused := denied(path)) is not None]
+
+    def join_advice(self) -> str | None:
+        """What to do when a socket tried is out of this user's reach (None when none is): join its group."""
+        unreachable = self.unreachable()
+        if not unreachable:
+            return None
+        path, refused = unreachable[0]
+        return f"This user may not reach {path} (permission denied): {refused.advice()}, then log in again."
 
 
 def discover(socket: str | None = None, system_socket: str = SYSTEM_SOCKET) -> Discovery:
