@@ -6,29 +6,40 @@ The open/release hot path uses the hand-written keep-alive transport (`shardcach
 two cores; the figures are in `shardcache.transport`'s docstring). Everything else goes through httpx, which
 is well kept and complete (chunked bodies, timeouts, connection pooling), so the hand-written code stays as
 small as the hot path needs.
+
+Fork safety (see `shardcache.forksafe`): httpx, httpcore and certifi are imported here, when `shardcache` is
+imported, never inside a request a DataLoader worker makes; httpx gets `NO_TLS`, one TLS context built at
+import, so no transport builds one (the socket speaks plain HTTP); proxies from the environment are
+ignored (`trust_env=False`: they would build TLS contexts too, and a Unix socket never goes through a
+proxy); a forked child drops the parent's lock and pooled client (`_reset_after_fork`).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import certifi  # noqa: F401  (imported by httpx's create_ssl_context on every transport: see above)
+import httpcore  # noqa: F401  (imported lazily by httpx.HTTPTransport: see above)
+import httpx
+
+from shardcache import forksafe
 from shardcache.errors import DaemonUnavailable
 from shardcache.transport import Response, describe
 
-if TYPE_CHECKING:
-    import httpx
-
 BASE_URL = "http://shardcached"
+# Never used for a handshake (the control plane is plain HTTP over a Unix socket); it exists so that httpx
+# builds none, and it is built here, in the importing thread, before any DataLoader forks.
+NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 class ControlClient:
     """httpx requests to the daemon on `socket_path`; safe across threads and forks.
 
-    httpx is imported on first use, so importing the client (and every DataLoader worker that only opens
-    shards) does not pay for it. A forked child makes its own httpx client: the parent's pooled
-    connections are never used by two processes.
+    A forked child makes its own httpx client: the parent's pooled connections (and their locks) are never
+    used by two processes.
 
     Args:
         socket_path: the daemon's Unix socket (may be changed later; the next request follows it).
@@ -41,20 +52,28 @@ class ControlClient:
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
         self._owner: tuple[int, str] | None = None  # (pid, socket) the client was made for
+        forksafe.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        # The parent's lock may be held by a thread that does not exist here; its pooled client is dropped
+        # unclosed (closing would shut the parent's connections).
+        self._lock = threading.Lock()
+        self._client = None
+        self._owner = None
 
     def _http(self) -> httpx.Client:
         owner = (os.getpid(), self.socket_path)
         client = self._client
         if client is not None and self._owner == owner:
             return client
-        import httpx
-
         with self._lock:
             if self._client is None or self._owner != owner:
                 if self._client is not None and self._owner is not None and self._owner[0] == owner[0]:
                     self._client.close()  # the socket moved (discovery); a forked child drops it unclosed
-                transport = httpx.HTTPTransport(uds=self.socket_path)
-                self._client = httpx.Client(transport=transport, base_url=BASE_URL, timeout=self.timeout)
+                transport = httpx.HTTPTransport(uds=self.socket_path, verify=NO_TLS, trust_env=False)
+                self._client = httpx.Client(
+                    transport=transport, base_url=BASE_URL, timeout=self.timeout, trust_env=False
+                )
                 self._owner = owner
             return self._client
 
@@ -71,8 +90,6 @@ class ControlClient:
         Raises:
             DaemonUnavailable: the socket is missing, refuses, or no answer came within the timeout.
         """
-        import httpx
-
         try:
             answer = self._http().request(
                 method, path, json=body, headers=headers, timeout=self.timeout if timeout is None else timeout

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from shardcache import protocol
+from shardcache import forksafe, protocol
 from shardcache.control import ControlClient
 from shardcache.discovery import discover
 from shardcache.errors import DaemonUnavailable
@@ -176,11 +176,15 @@ class Telemetry:
             self._thread.start()
 
     def _loop(self) -> None:
+        # Each report runs inside `background_work()`: a DataLoader forking its next epoch's workers waits
+        # for it (at most the request timeout), so no worker inherits a lock held mid-request.
         while not self._stop.wait(self.interval_s):
-            self.flush()
+            with forksafe.background_work():
+                self.flush()
         if not self._joined:
-            self.flush()  # close(wait=False): the last figures go out from here
-            self._control.close()
+            with forksafe.background_work():
+                self.flush()  # close(wait=False): the last figures go out from here
+                self._control.close()
 
     def report(self) -> protocol.TelemetryReport | None:
         """The figures since the last report (None when nothing happened), marking them as taken."""
