@@ -22,6 +22,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_cache", [], ["--shards", "2", "--samples", "100", "--repeats", "1"]),
     ("bench.bench_cluster", [], ["--quick"]),
     ("bench.bench_cluster_daemons", [], ["--quick"]),
+    ("bench.bench_disk_full", [], ["--repeats", "1"]),
 ]
 
 
