@@ -4,11 +4,14 @@ A loader-side stage (main process, after the workers are merged), for materialis
 works chunk by chunk: every rank fills a local buffer from upstream (at least `buffer_size` items, unless
 its upstream has ended), the ranks exchange their counts (one `all_gather_object`), and each computes the
 same plan (`plan_chunk`): up to `chunk_size` steps in which every rank yields one item, its own when it has
-one, else one sent by the rank with the most left (preferring its own node under topology="node"; at most
-`max_transfer_per_round` sent by one rank per chunk). Items move point to point (`send_object_list` over
-`process_group`, in the plan's order, so no two ranks wait on each other). Tensors on an accelerator travel
-through host memory and are restored on the receiving rank's current device of the same type (CUDA device
-indices are not kept); `device_process_group` is accepted for mvp-dataset compatibility and not used.
+one, else one sent by the rank with the most to spare (preferring its own node under topology="node"; at
+most `max_transfer_per_round` sent by one rank per chunk). A rank sends only what it holds beyond the item
+it yields itself in that step, so a plan never asks a rank for more items than it buffered: the ranks carry
+the plan out without checking, and one popping an empty buffer would leave the others waiting for it
+forever. Items move point to point (`send_object_list` over `process_group`, in the plan's order, so no
+two ranks wait on each other). Tensors on an accelerator travel through host memory and are restored on the
+receiving rank's current device of the same type (CUDA device indices are not kept); `device_process_group`
+is accepted for mvp-dataset compatibility and not used.
 At the end, when fewer items are left than ranks, `drop_last=True` drops them on every rank at once;
 `drop_last=False` yields the rest and gives the ranks without an item `dummy_factory(context)` (a batch
 the training step masks out).
@@ -74,7 +77,14 @@ class ChunkPlan:
 def plan_chunk(
     statuses: Sequence[Status], chunk_size: int, max_transfer: int, drop_last: bool, topology: Topology
 ) -> ChunkPlan:
-    """The same plan on every rank: up to `chunk_size` steps of one item per rank (a pure function)."""
+    """The same plan on every rank: up to `chunk_size` steps of one item per rank (a pure function).
+
+    In a step, every rank with an item left keeps one; each rank without one gets one from a donor with an
+    item to spare beyond the one it keeps (same node first under topology="node", then the most to spare,
+    then the lowest rank) and transfer budget left. Setting the kept item aside before choosing donors is
+    what keeps a plan within every rank's count. A step that cannot be completed within the budget ends the
+    chunk before it; the next chunk has a fresh budget.
+    """
     ranks = sorted(s.rank for s in statuses)
     by_rank = {s.rank: s for s in statuses}
     left = {r: by_rank[r].available for r in ranks}
@@ -97,31 +107,32 @@ def plan_chunk(
                 plan.finished = all_done
                 break
             continue
+        # Each rank holding an item keeps one for this step before donors are chosen: only the rest is spare.
         needy = [r for r in ranks if not left[r]]
+        spare = {r: left[r] - 1 for r in ranks if left[r]}
+        budget = {r: max_transfer - sent[r] for r in spare}
         moves: list[tuple[int, int]] = []
         for dst in needy:
-            donors = [r for r in ranks if left[r] - (r in needy) > 0 and sent[r] < max_transfer and r != dst]
+            donors = [r for r in spare if spare[r] and budget[r]]
             if not donors:
                 break
             near = by_rank[dst].node
-            donors.sort(key=lambda r: (topology == "node" and by_rank[r].node != near, -left[r], r))
-            moves.append((donors[0], dst))
-            left[donors[0]] -= 1
-            sent[donors[0]] += 1
-        if len(moves) < len(needy):  # out of transfer budget: undo this step, end the chunk here
-            for src, _ in moves:
-                left[src] += 1
-                sent[src] -= 1
+            src = min(donors, key=lambda r: (topology == "node" and by_rank[r].node != near, -spare[r], r))
+            moves.append((src, dst))
+            spare[src] -= 1
+            budget[src] -= 1
+        if len(moves) < len(needy):  # out of transfer budget: end the chunk before this step
             if not any(plan.local.values()) and not plan.transfers:
                 raise ConfigError(
                     f"balance(max_transfer_per_round={max_transfer}): too small to build one step; raise it"
                 )
             break
-        for r in ranks:
-            if r not in needy:
-                plan.local[r] += 1
-                left[r] -= 1
+        for r in spare:
+            plan.local[r] += 1
+            left[r] -= 1
         for src, dst in moves:
+            left[src] -= 1
+            sent[src] += 1
             last = plan.transfers[-1] if plan.transfers else None
             if last is not None and (last.src, last.dst) == (src, dst):
                 plan.transfers[-1] = Transfer(src, dst, last.count + 1)
