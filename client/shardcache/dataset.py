@@ -159,6 +159,11 @@ class Dataset:
         return self._source
 
     @property
+    def run_facts(self) -> RunFacts:
+        """What the main process learned for this dataset (counts, torch.distributed): workers get it."""
+        return self._runtime.facts
+
+    @property
     def stages(self) -> tuple[Stage, ...]:
         """The frozen stage specs, in order."""
         return self._stages

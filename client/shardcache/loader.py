@@ -8,6 +8,7 @@ Resume states (identity, checks, the workers' start states) are `shardcache.load
 from __future__ import annotations
 
 import functools
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -19,15 +20,23 @@ from shardcache.errors import ConfigError
 from shardcache.loader_resume import STATE_VERSION as STATE_VERSION
 from shardcache.loader_resume import LoaderRuntime, check_loaded, header, resume_start
 from shardcache.loader_resume import fingerprint as loader_fingerprint
-from shardcache.loader_stream import MergeNode, WorkerLauncher, WorkerStream
+from shardcache.loader_stream import EpochOrder, MergeNode, WorkerHome, WorkerLauncher, WorkerStream
+from shardcache.loader_watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.stages import Node, Stage, builders
 
 if TYPE_CHECKING:
     from shardcache.telemetry import Telemetry
 
+logger = logging.getLogger(__name__)
+# DataLoader arguments torch refuses without worker processes; dropped (with a debug line) when
+# num_workers=0, so one set of arguments serves both.
+_WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
+
 
 def _torch_data() -> Any:
+    """torch.utils.data, imported in the trainer's thread before any worker forks (`shardcache.forksafe`)."""
     try:
+        import numpy.random  # noqa: F401  (torch's worker loop seeds it: not imported in a forked worker)
         import torch.utils.data as data
     except ImportError as exc:
         raise ImportError(
@@ -39,7 +48,13 @@ def _torch_data() -> Any:
 class LoaderIterator:
     """One pass of a TorchLoader; `state_dict()` is the position before the next item it yields."""
 
-    def __init__(self, node: Node, header: dict[str, Any], telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        node: Node,
+        header: dict[str, Any],
+        telemetry: Telemetry | None = None,
+        watchdog: StallWatchdog | None = None,
+    ) -> None:
         self.node = node
         self.header = header
         self.telemetry = telemetry
@@ -48,7 +63,7 @@ class LoaderIterator:
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
         # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
         # each. Closing when this (acyclic) object is released stops the workers at once.
-        self._finalizer = weakref.finalize(self, functools.partial(_close_all, node, telemetry))
+        self._finalizer = weakref.finalize(self, functools.partial(_close_all, node, telemetry, watchdog))
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -84,8 +99,10 @@ def _merge_of(node: Node) -> MergeNode | None:
     return seen if isinstance(seen, MergeNode) else None
 
 
-def _close_all(node: Node, telemetry: Telemetry | None) -> None:
+def _close_all(node: Node, telemetry: Telemetry | None, watchdog: StallWatchdog | None) -> None:
     try:
+        if watchdog is not None:
+            watchdog.close()
         node.close()
     finally:
         if telemetry is not None:
@@ -109,10 +126,19 @@ class TorchLoader:
         batch_size: Worker-side batch size (None: samples pass one by one).
         collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
             `default_collate` for batches and `default_convert` for single samples, as in DataLoader.
+        stall_warning_s: Seconds the main process may wait for an item before one warning names the
+            worker it waits for and where every worker is (`shardcache.loader_watchdog`); 0 or None turns
+            it off. Default: `SHARDCACHE_STALL_WARNING_S`, else 300.
         **loader_kwargs: Any other DataLoader argument (pin_memory, prefetch_factor, persistent_workers,
-            multiprocessing_context, drop_last for worker-side batches, ...). Lance is not fork-safe:
-            when workers read lance data (a lance source or a `.cache()`) in a process that already
-            imported lance, pass multiprocessing_context="forkserver" or "spawn" (the pipeline pickles).
+            multiprocessing_context, drop_last for worker-side batches, ...). `persistent_workers`
+            defaults to True with workers: they start once and serve every epoch (the new epoch and any
+            resume state reach them; `bench/bench_worker_start.py` measures what a restart per epoch
+            costs); `close()` stops them, as does dropping the loader. Arguments torch refuses without
+            workers (prefetch_factor, persistent_workers, multiprocessing_context) are ignored when
+            num_workers=0. Workers start with torch's default method (fork on Linux), which is safe with
+            the daemon (`shardcache.forksafe`). Lance is not fork-safe: when workers read lance data (a
+            lance source or a `.cache()`) in a process that already imported lance, pass
+            multiprocessing_context="forkserver" or "spawn" (the pipeline pickles).
 
     Example:
         >>> loader = (TorchLoader(ds, num_workers=8, batch_size=32, collate_fn=lambda x: x)  # doctest: +SKIP
@@ -129,6 +155,7 @@ class TorchLoader:
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         *,
+        stall_warning_s: float | None | object = _UNSET,
         _stages: Sequence[Stage] = (),
         **loader_kwargs: Any,
     ) -> None:
@@ -144,8 +171,13 @@ class TorchLoader:
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self.loader_kwargs = loader_kwargs
+        self.stall_warning_s = stall_warning(stall_warning_s)
         self.stages: tuple[Stage, ...] = tuple(_stages)
         self._runtime = LoaderRuntime()
+        self.persistent_workers = num_workers > 0 and bool(loader_kwargs.get("persistent_workers", True))
+        # Made at the first iteration with workers: their run directory and, when they persist, the
+        # DataLoader kept across epochs (`WorkerHome`).
+        self._home: WorkerHome | None = None
 
     def _add(self, stage: Stage) -> TorchLoader:
         return TorchLoader(
@@ -153,6 +185,7 @@ class TorchLoader:
             self.num_workers,
             self.batch_size,
             self.collate_fn,
+            stall_warning_s=self.stall_warning_s,
             _stages=(*self.stages, stage),
             **self.loader_kwargs,
         )
@@ -183,15 +216,15 @@ class TorchLoader:
         """Set the dataset's epoch (reaches workers started after this call)."""
         self.dataset.set_epoch(epoch)
 
-    def dataloader(self) -> Any:
-        """A plain DataLoader over the dataset (a new one per call), without loader-side stages or resume."""
-        data = _torch_data()
-        kwargs = dict(self.loader_kwargs)
-        if self.collate_fn is not None:
-            kwargs["collate_fn"] = self.collate_fn
-        return data.DataLoader(
-            self.dataset, num_workers=self.num_workers, batch_size=self.batch_size, **kwargs
-        )
+    def close(self) -> None:
+        """Stop the persistent workers now and end the current iteration (the next one starts anew)."""
+        iterator, self._runtime.iterator = self._runtime.iterator, None
+        if iterator is not None:
+            self._runtime.pending = iterator.state_dict()  # state_dict() still answers after close()
+            iterator.close()
+        home, self._home = self._home, None
+        if home is not None:
+            home.close()
 
     # -- resume ---------------------------------------------------------------------------------------------
 
@@ -230,29 +263,64 @@ class TorchLoader:
             spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards, batched
         )
 
+    def _workers_home(self) -> WorkerHome | None:
+        """The home of this loader's workers (made on first use; None without workers)."""
+        if self.num_workers == 0:
+            return None
+        if self._home is None:
+            self._home = WorkerHome(self.persistent_workers)
+        return self._home
+
+    def _dataloader_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.loader_kwargs)
+        kwargs.pop("drop_last", None)
+        kwargs.pop("persistent_workers", None)  # kept across epochs by this loader (`PersistentLoader`)
+        if self.num_workers == 0:
+            ignored = [name for name in _WORKER_ONLY_KWARGS if kwargs.pop(name, None) is not None]
+            if ignored:
+                logger.debug("TorchLoader(num_workers=0) ignores %s (they apply to workers)", ignored)
+        return kwargs
+
     def __iter__(self) -> LoaderIterator:
         ctx = self.dataset.resolve_context()
-        # Counted once here, in the main process; the workers get the counts with the pickled dataset.
+        # Counted once here, in the main process; the workers get the counts with the epoch's order.
         self.dataset.count_samples()
         pending, self._runtime.pending = self._runtime.pending, None
         pending, worker_states, ctx = resume_start(self, pending, ctx)
-        kwargs = dict(self.loader_kwargs)
-        drop_last = bool(kwargs.pop("drop_last", False))
-        stream = WorkerStream(
-            self.dataset, self.batch_size, self.collate_fn, drop_last, worker_states, frozenset(), ctx.epoch
-        )
+        drop_last = bool(self.loader_kwargs.get("drop_last", False))
+        home = self._workers_home()
+        run_dir = None if home is None else home.run_dir
+        order = EpochOrder(ctx.epoch, worker_states)
+        stream = WorkerStream(self.dataset, self.batch_size, self.collate_fn, drop_last, order, run_dir)
         # The launcher holds no reference back to this TorchLoader: an iterator dropped unfinished is then
-        # freed (and its workers stopped) by reference counting, not by a later garbage collection.
-        node: Node = MergeNode(WorkerLauncher(stream, self.num_workers, kwargs), self.num_workers)
+        # freed (and its workers stopped, unless they persist) by reference counting, not by a later
+        # garbage collection.
+        launcher = WorkerLauncher(stream, self.num_workers, self._dataloader_kwargs(), home)
+        merge = MergeNode(launcher, self.num_workers)
+        node: Node = merge
         for stage in self.stages:
             node = stage.node(node, ctx)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
         start: dict[str, Any] = next(iter(worker_states.values()), {})
         origin = start.get("origin")  # where an elastic resume started this epoch
-        iterator = LoaderIterator(node, header(self, ctx, origin), self._telemetry(node, ctx))
+        iterator = LoaderIterator(
+            node, header(self, ctx, origin), self._telemetry(node, ctx), self._watchdog(merge, run_dir)
+        )
         self._runtime.iterator = iterator
         return iterator
+
+    def _watchdog(self, merge: MergeNode, run_dir: str | None) -> StallWatchdog | None:
+        """The stall watchdog of one iteration (`shardcache.loader_watchdog`), None when turned off."""
+        after = self.stall_warning_s
+        if not after:
+            return None
+        workers = self.num_workers
+
+        def describe(waited: float) -> str:
+            return describe_stall(waited, after, merge.next_worker, dict(merge.arrived_at), workers, run_dir)
+
+        return StallWatchdog(after, lambda: merge.waiting_since, describe)
 
     def balance(
         self,

@@ -11,17 +11,35 @@ So the merged position is small and exact: each worker's pipeline state after th
 process consumed (items the DataLoader prefetched but nobody consumed are not counted), the next worker in
 the rotation, and the exhausted workers. Resuming passes each worker its state through the wrapped dataset
 before the DataLoader iterator is created; a worker loads it when it starts.
+
+Persistent workers (`persistent_workers=True`, the default with workers): one DataLoader serves every
+epoch, so its workers start once. What changes between epochs (the epoch, the workers' start states, the
+exhausted workers, the counts the main process took: an `EpochOrder`) reaches them through a file in the
+loader's run directory, written before the DataLoader is asked for the epoch's iterator: torch then sends
+each worker a resume message, and the worker's next `iter()` over `WorkerStream` reads the order. A file,
+not a queue: it works under every start method and needs no feeder thread in the trainer.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
+import shutil
+import tempfile
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
 from typing import Any
 
 from shardcache.dataset import Dataset
 from shardcache.errors import StateError
+from shardcache.loader_watchdog import register_worker
+from shardcache.sources.counting import RunFacts
 from shardcache.stages.base import Node, State, field
 
 logger = logging.getLogger(__name__)
@@ -34,6 +52,26 @@ def passthrough(item: Any) -> Any:
     return item
 
 
+@dataclass(frozen=True)
+class EpochOrder:
+    """What the workers need to know about one epoch's iteration (see the module).
+
+    Attributes:
+        epoch: The epoch fresh workers start at (None: the dataset's).
+        states: Worker id -> pipeline state to resume from (absent: start fresh).
+        exhausted: Workers whose stream had already ended; they yield nothing.
+        facts: What the main process counted (`RunFacts`), for persistent workers started before it did.
+    """
+
+    epoch: int | None
+    states: dict[int, State] = dataclass_field(default_factory=dict)
+    exhausted: frozenset[int] = frozenset()
+    facts: RunFacts | None = None
+
+
+ORDER_FILE = "order.pickle"
+
+
 class WorkerStream:
     """What the DataLoader iterates in each worker (or in the main process with num_workers=0).
 
@@ -42,9 +80,10 @@ class WorkerStream:
         batch_size: Worker-side batch size (None: one sample per payload).
         collate_fn: Worker-side collate (None: torch's default_collate for batches, default_convert else).
         drop_last: Drop a worker's last incomplete batch.
-        states: Worker id -> pipeline state to resume from (absent: start fresh).
-        exhausted: Workers whose stream had already ended; they yield nothing.
-        epoch: The epoch fresh workers start at (None: the dataset's).
+        order: The epoch, start states and exhausted workers of this iteration.
+        run_dir: The loader's run directory: workers register their stack dumps there (the stall
+            watchdog) and, with `persistent`, read each epoch's order from it.
+        persistent: Read the order from `run_dir` at every `iter()` (the workers outlive one epoch).
     """
 
     def __init__(
@@ -53,29 +92,44 @@ class WorkerStream:
         batch_size: int | None,
         collate_fn: Callable[[Any], Any] | None,
         drop_last: bool,
-        states: dict[int, State],
-        exhausted: frozenset[int],
-        epoch: int | None,
+        order: EpochOrder,
+        run_dir: str | None = None,
+        persistent: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self.states = states
-        self.exhausted = exhausted
-        self.epoch = epoch
+        self.order = order
+        self.run_dir = run_dir
+        self.persistent = persistent
+
+    def _current_order(self) -> EpochOrder:
+        if not self.persistent or self.run_dir is None:
+            return self.order
+        order: EpochOrder = pickle.loads((Path(self.run_dir) / ORDER_FILE).read_bytes())
+        return order
 
     def __iter__(self) -> Iterator[Item]:
+        # torch is imported by TorchLoader in the trainer's main thread (fork safety: see
+        # `shardcache.forksafe`); here it is already loaded, in every worker.
         import torch.utils.data as data
 
         info = data.get_worker_info()
         wid = 0 if info is None else int(info.id)
-        if wid in self.exhausted:
+        if info is not None and self.run_dir is not None:
+            register_worker(self.run_dir, wid)
+        order = self._current_order()
+        if wid in order.exhausted:
             return
-        ds = self.dataset.with_stages(self.dataset.stages)  # a private copy: the caller's keeps its state
-        if self.epoch is not None:
-            ds.set_epoch(self.epoch)
-        state = self.states.get(wid)
+        # A private copy: the caller's keeps its state; counts from the order when the main process sent them.
+        source = self.dataset
+        if order.facts is not None:
+            source = Dataset(source.source, source.stages, epoch=source.epoch, facts=order.facts)
+        ds = source.with_stages(source.stages)
+        if order.epoch is not None:
+            ds.set_epoch(order.epoch)
+        state = order.states.get(wid)
         if state is not None:
             ds.load_state_dict(state)
         iterator = ds.iter_context(None)
@@ -102,35 +156,98 @@ class WorkerStream:
 
 
 class WorkerLauncher:
-    """Starts the DataLoader over a copy of `stream` that resumes the given workers' states."""
+    """Starts the workers over `stream` for one iteration, resuming the given workers' states.
 
-    def __init__(self, stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> None:
+    Without persistent workers, each iteration builds a DataLoader (its workers start and stop with it).
+    With them, the first iteration builds it and later ones reuse it: the epoch's order goes to the live
+    workers through the run directory (see the module). The launcher holds no reference back to the
+    TorchLoader.
+    """
+
+    def __init__(
+        self,
+        stream: WorkerStream,
+        num_workers: int,
+        loader_kwargs: dict[str, Any],
+        home: WorkerHome | None = None,
+    ) -> None:
         self.stream = stream
         self.num_workers = num_workers
         self.loader_kwargs = loader_kwargs
+        self.home = home
+        self.dataloader: Any = None  # the DataLoader of the latest iteration (the watchdog reads its pids)
 
     def __call__(self, states: dict[int, State], exhausted: frozenset[int]) -> Iterator[Item]:
-        import torch.utils.data as data
-
         base = self.stream
-        # The base stream's states start workers that have no position yet (an elastic resume hands every
+        # The base order's states start workers that have no position yet (an elastic resume hands every
         # new worker the same start state); a worker's own position, once it has one, wins.
-        states = {**base.states, **states}
+        order = EpochOrder(
+            base.order.epoch, {**base.order.states, **states}, exhausted, base.dataset.run_facts
+        )
+        home = self.home
+        if home is not None and home.persistent:
+            self.dataloader = home.loader_for(base, order, self.num_workers, self.loader_kwargs)
+            return iter(self.dataloader)
         stream = WorkerStream(
-            base.dataset, base.batch_size, base.collate_fn, base.drop_last, states, exhausted, base.epoch
+            base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
         )
-        if not isinstance(stream, data.IterableDataset):
-            data.IterableDataset.register(WorkerStream)
-        # WorkerStream is an IterableDataset by registration (torch is imported lazily); mypy cannot see it.
-        dataset: Any = stream
-        loader: Any = data.DataLoader(
-            dataset,
-            num_workers=self.num_workers,
-            batch_size=None,
-            collate_fn=passthrough,
-            **self.loader_kwargs,
-        )
-        return iter(loader)
+        self.dataloader = _dataloader(stream, self.num_workers, self.loader_kwargs)
+        return iter(self.dataloader)
+
+
+def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> Any:
+    import torch.utils.data as data
+
+    if not isinstance(stream, data.IterableDataset):
+        data.IterableDataset.register(WorkerStream)
+    # WorkerStream is an IterableDataset by registration (torch is imported lazily); mypy cannot see it.
+    dataset: Any = stream
+    return data.DataLoader(
+        dataset, num_workers=num_workers, batch_size=None, collate_fn=passthrough, **loader_kwargs
+    )
+
+
+class WorkerHome:
+    """The run directory of a TorchLoader's workers and, when they persist, the DataLoader kept across epochs.
+
+    Held by the TorchLoader and by each of its iterators (through the launcher), so an iteration outlives a
+    loader dropped after `iter()`. When the last holder goes, the DataLoader goes with it (torch stops its
+    workers) and the directory is removed; `close()` does both at once.
+    """
+
+    def __init__(self, persistent: bool) -> None:
+        self.run_dir = tempfile.mkdtemp(prefix="shardcache-loader-")
+        self.persistent = persistent
+        self.dataloader: Any = None
+        self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid())
+
+    def loader_for(
+        self, base: WorkerStream, order: EpochOrder, num_workers: int, loader_kwargs: dict[str, Any]
+    ) -> Any:
+        """The persistent DataLoader, `order` written where its workers read it at their next `iter()`."""
+        path = Path(self.run_dir) / ORDER_FILE
+        temp = path.with_suffix(".tmp")
+        temp.write_bytes(pickle.dumps(order))
+        temp.replace(path)  # atomic: a worker never reads half an order
+        if self.dataloader is None:
+            stream = WorkerStream(
+                base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, self.run_dir, True
+            )
+            self.dataloader = _dataloader(stream, num_workers, {**loader_kwargs, "persistent_workers": True})
+        return self.dataloader
+
+    def close(self) -> None:
+        """Stop the persistent workers now and remove the run directory."""
+        loader, self.dataloader = self.dataloader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+        self._finalizer()
+
+
+def _remove_run_dir(run_dir: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # a forked worker's copy of the trainer's objects owns nothing on disk
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class MergeNode(Node):
@@ -151,11 +268,16 @@ class MergeNode(Node):
         self.states: dict[int, State] = {}
         self.next_worker = 0
         self.exhausted: set[int] = set()
+        # For the stall watchdog: since when the merge waits for worker `next_worker` (None: not waiting),
+        # and when each worker's latest item arrived (monotonic seconds).
+        self.waiting_since: float | None = None
+        self.arrived_at: dict[int, float] = {}
 
     def gen(self) -> Iterator[Any]:
         source = self.open_loader(dict(self.states), frozenset(self.exhausted))
         waiting: dict[int, deque[Item]] = {w: deque() for w in range(self.streams)}
-        streams, states, exhausted = self.streams, self.states, self.exhausted
+        streams, states, exhausted, arrived = self.streams, self.states, self.exhausted, self.arrived_at
+        clock = time.monotonic
         try:
             while len(exhausted) < streams:
                 w = self.next_worker
@@ -163,6 +285,8 @@ class MergeNode(Node):
                     self.next_worker = (w + 1) % streams
                     continue
                 queue = waiting[w]
+                if not queue:
+                    self.waiting_since = clock()
                 while not queue:
                     try:
                         item = next(source)
@@ -172,6 +296,8 @@ class MergeNode(Node):
                             "iterated outside TorchLoader?"
                         ) from None
                     waiting[item[0]].append(item)
+                    arrived[item[0]] = clock()
+                self.waiting_since = None
                 _, payload, state, done = queue.popleft()
                 if state is not None:
                     states[w] = state
