@@ -5,7 +5,8 @@ works chunk by chunk: every rank fills a local buffer from upstream (at least `b
 its upstream has ended), the ranks exchange their counts (one `all_gather_object`), and each computes the
 same plan (`plan_chunk`): up to `chunk_size` steps in which every rank yields one item, its own when it has
 one, else one sent by the rank with the most to spare (preferring its own node under topology="node"; at
-most `max_transfer_per_round` sent by one rank per chunk). A rank sends only what it holds beyond the item
+most `max_transfer_per_round` sent by one rank per chunk, except in a chunk of one step that needs more:
+see `plan_chunk`). A rank sends only what it holds beyond the item
 it yields itself in that step, so a plan never asks a rank for more items than it buffered: the ranks carry
 the plan out without checking, and one popping an empty buffer would leave the others waiting for it
 forever. Items move point to point (`send_object_list` over `process_group`, in the plan's order, so no
@@ -84,14 +85,28 @@ def plan_chunk(
     then the lowest rank) and transfer budget left. Setting the kept item aside before choosing donors is
     what keeps a plan within every rank's count. A step that cannot be completed within the budget ends the
     chunk before it; the next chunk has a fresh budget.
+
+    A chunk always makes progress. When even its first step cannot be completed within the budget (at the
+    end of an epoch on a large world: one rank holds items and more ranks are empty than the budget serves),
+    that step goes over it: donors with budget left give first, as in any step, then the others by the same
+    order, and the chunk holds just that step. The budget bounds a round's traffic, but a step it can never
+    admit would stop the stream (it used to be a ConfigError, so a 16-rank job with the default budget
+    failed at the end of an epoch); such a chunk moves only the items its one step needs. A step can always
+    be completed this way: it is built only with an item per rank left, so the items beyond the one each
+    holder keeps cover every empty rank. Every plan the budget admits is unchanged.
+
+    Raises:
+        ConfigError: `max_transfer` is below 1.
     """
+    if max_transfer < 1:
+        raise ConfigError(f"balance(max_transfer_per_round={max_transfer}): expected a positive integer")
     ranks = sorted(s.rank for s in statuses)
     by_rank = {s.rank: s for s in statuses}
     left = {r: by_rank[r].available for r in ranks}
     plan = ChunkPlan({r: 0 for r in ranks}, {r: 0 for r in ranks})
     sent = {r: 0 for r in ranks}
     all_done = all(s.done for s in statuses)
-    for _ in range(chunk_size):
+    for step in range(chunk_size):
         total = sum(left.values())
         if total == 0 or (total < len(ranks) and drop_last):
             plan.finished = all_done
@@ -112,8 +127,12 @@ def plan_chunk(
         spare = {r: left[r] - 1 for r in ranks if left[r]}
         budget = {r: max_transfer - sent[r] for r in spare}
         moves: list[tuple[int, int]] = []
+        over_budget = False
         for dst in needy:
-            donors = [r for r in spare if spare[r] and budget[r]]
+            donors = [r for r in spare if spare[r] and budget[r] > 0]
+            if not donors and step == 0:  # a chunk's first step may go over (see above)
+                donors = [r for r in spare if spare[r]]
+                over_budget = True
             if not donors:
                 break
             near = by_rank[dst].node
@@ -122,10 +141,6 @@ def plan_chunk(
             spare[src] -= 1
             budget[src] -= 1
         if len(moves) < len(needy):  # out of transfer budget: end the chunk before this step
-            if not any(plan.local.values()) and not plan.transfers:
-                raise ConfigError(
-                    f"balance(max_transfer_per_round={max_transfer}): too small to build one step; raise it"
-                )
             break
         for r in spare:
             plan.local[r] += 1
@@ -138,6 +153,8 @@ def plan_chunk(
                 plan.transfers[-1] = Transfer(src, dst, last.count + 1)
             else:
                 plan.transfers.append(Transfer(src, dst, 1))
+        if over_budget:  # a step over the budget is the whole chunk
+            break
     return plan
 
 
