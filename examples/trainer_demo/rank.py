@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,9 +25,10 @@ from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.telemetry import Telemetry
 from trainer_demo.data import CLASSES, IMAGE_SHAPE
+from trainer_demo.stopping import become_group_leader, dump_stacks_on_sigusr1
 
 CROP = 56
-PROGRESS_EVERY = 512  # samples between progress messages to the coordinator
+PROGRESS_EVERY_S = 0.5  # at most one progress message per this many seconds (the first step's at once)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class RankConfig:
     batch_size: int
     seed: int
     job: str
+    hang_after_samples: int | None = None  # test hook (--test-stall): each worker hangs after that many
 
 
 @dataclass(frozen=True)
@@ -128,12 +132,59 @@ def _inputs(images: Any) -> Any:
     return images.permute(0, 3, 1, 2).float().div_(255.0)
 
 
+class Progress:
+    """The rank's progress messages to the coordinator: ("progress", rank, samples, steps, phase).
+
+    `samples` since the last message (the progress bar), `steps` taken so far in all epochs, `phase`
+    "training" or "validating". The coordinator's stall watch counts the time since the last message, so a
+    step or validation batch sends one whenever `PROGRESS_EVERY_S` has passed since the previous one.
+    """
+
+    def __init__(self, events: Any, rank: int) -> None:
+        self.events, self.rank = events, rank
+        self.steps = self.samples = 0
+        self.sent = float("-inf")
+
+    def step(self, samples: int, phase: str = "training") -> None:
+        if phase == "training":
+            self.steps += 1
+        self.samples += samples
+        if time.monotonic() - self.sent >= PROGRESS_EVERY_S:
+            self.flush(phase)
+
+    def flush(self, phase: str) -> None:
+        self.events.put(("progress", self.rank, self.samples, self.steps, phase))
+        self.samples, self.sent = 0, time.monotonic()
+
+
+class HangInWorkers:
+    """The test hook `--test-stall`: a DataLoader worker blocks for good once it has produced `after` samples.
+
+    As a worker deadlocked after its fork, it then neither produces batches nor checks that its rank is
+    alive, and its rank waits for it forever. Each worker counts its own samples, over all epochs (the
+    workers persist across epochs).
+    """
+
+    def __init__(self, rank: int, after: int) -> None:
+        self.rank, self.after, self.produced = rank, after, 0
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        if self.produced >= self.after:
+            print(f"test hook: a DataLoader worker of rank {self.rank} hangs", file=sys.stderr, flush=True)
+            threading.Event().wait()
+        self.produced += 1
+        return sample
+
+
 def run_rank(cfg: RankConfig, events: Any, barrier: Any) -> None:
-    """Train `cfg.epochs` epochs; put ("progress", rank, n) and ("epoch", report) on `events`.
+    """Train `cfg.epochs` epochs; put progress (`Progress`) and ("epoch", report) on `events`.
 
     After each epoch the rank waits on `barrier` with the other ranks and the coordinator, which reads the
-    daemon's counters there, so each epoch's figures are its own.
+    daemon's counters there, so each epoch's figures are its own. The rank leads its own process group, which
+    its DataLoader workers inherit: the coordinator stops it by killing the group (`trainer_demo.stopping`).
     """
+    become_group_leader()  # first: before any worker exists
+    dump_stacks_on_sigusr1()  # its DataLoader workers inherit it
     import torch
 
     from shardcache.loader import TorchLoader
@@ -147,6 +198,8 @@ def run_rank(cfg: RankConfig, events: Any, barrier: Any) -> None:
         daemon = cfg.socket or "auto"
         train = Dataset.from_source("tars", list(cfg.train), context=ctx, daemon=daemon)
         train = train.map(decode).map(augment).shuffle(256)
+        if cfg.hang_after_samples is not None:
+            train = train.map(HangInWorkers(cfg.rank, cfg.hang_after_samples))
         # This process was spawned, so torch would spawn its workers too (a fresh interpreter importing torch,
         # seconds per worker per epoch); forked workers start at once.
         fork: dict[str, Any] = {"multiprocessing_context": "fork"} if cfg.workers else {}
@@ -159,22 +212,22 @@ def run_rank(cfg: RankConfig, events: Any, barrier: Any) -> None:
             val = val.cache(cache_dir=cfg.lance_dir).batch(256, collate_fn=collate)
         model = _model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        progress = Progress(events, cfg.rank)
+        progress.flush("training")  # started: the stall watch counts from here
         with Telemetry(job=cfg.job, slot=cfg.rank, socket=cfg.socket, interval_s=2.0) as telemetry:
             for epoch in range(cfg.epochs):
                 loader.set_epoch(epoch)
-                started, waited_before, samples, reported = time.perf_counter(), telemetry.waited_s, 0, 0
+                started, waited_before, samples = time.perf_counter(), telemetry.waited_s, 0
                 for images, labels in telemetry.watch(loader):
                     optimizer.zero_grad()
                     loss = torch.nn.functional.cross_entropy(model(_inputs(images)), labels)
                     loss.backward()  # type: ignore[no-untyped-call]
                     optimizer.step()
                     samples += len(labels)
-                    if samples - reported >= PROGRESS_EVERY:
-                        events.put(("progress", cfg.rank, samples - reported))
-                        reported = samples
-                events.put(("progress", cfg.rank, samples - reported))
+                    progress.step(len(labels))
+                progress.flush("validating")
                 seconds = time.perf_counter() - started
-                val_samples, accuracy = _validate(model, val, ctx) if val is not None else (0, 0.0)
+                val_samples, accuracy = _validate(model, val, ctx, progress) if val is not None else (0, 0.0)
                 waited = telemetry.waited_s - waited_before
                 events.put(
                     ("epoch", EpochReport(cfg.rank, epoch, samples, seconds, waited, val_samples, accuracy))
@@ -188,7 +241,7 @@ def run_rank(cfg: RankConfig, events: Any, barrier: Any) -> None:
         raise
 
 
-def _validate(model: Any, val: Dataset, ctx: RuntimeContext) -> tuple[int, float]:
+def _validate(model: Any, val: Dataset, ctx: RuntimeContext, progress: Progress) -> tuple[int, float]:
     import torch
 
     correct = total = 0
@@ -196,4 +249,5 @@ def _validate(model: Any, val: Dataset, ctx: RuntimeContext) -> tuple[int, float
         for images, labels in val.iter_context(ctx):
             correct += int((model(_inputs(images)).argmax(1) == labels).sum())
             total += len(labels)
+            progress.step(0, "validating")
     return total, correct / max(1, total)

@@ -6,7 +6,12 @@ Starts moto's S3 server and uploads a generated image-and-label tar dataset (`tr
 127.0.0.1:9464 (or a free port), then runs `--ranks` rank processes (`trainer_demo.rank`) with `--workers`
 TorchLoader workers each for `--epochs` epochs. After each epoch the ranks meet the coordinator at a barrier,
 where it reads the daemon's counters; at the end it prints hit ratio, bytes fetched against the dataset size,
-samples per second and the time spent waiting per epoch, and stops everything, also on Ctrl-C.
+samples per second and the time spent waiting per epoch, and stops everything.
+
+It stops cleanly on Ctrl-C (status 130), SIGTERM (143), or a rank that reports no progress for
+`--stall-timeout` seconds (status 1, naming the rank, since when, and what it was doing): each rank leads a
+process group with its DataLoader workers, which the coordinator kills, then it stops the daemon and the S3
+endpoint (`trainer_demo.stopping`).
 
 Against your own data: `--shards 's3://bucket/train/shard_{000000..000099}.tar' --no-local-s3` (credentials
 and endpoint from the usual AWS environment), and `--socket PATH` to use a daemon that is already running.
@@ -16,28 +21,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import os
-import re
 import shutil
 import sys
 import tempfile
 import threading
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable, RemoteNotFound, ShardcacheError
 from shardcache.formatting import human_bytes
+from trainer_demo.coordinator import EXIT_WAIT_S, Coordinator
 from trainer_demo.data import DemoDataset, describe_user_shards, upload
-from trainer_demo.rank import EpochReport, RankConfig, run_rank
 from trainer_demo.servers import Daemon, S3Server, free_tcp_port, start_daemon, start_s3_server
-from trainer_demo.table import EpochRow, render_table
+from trainer_demo.stopping import Stalled, Terminated, signals_held, signals_raise
+from trainer_demo.table import render_table
 
 BUCKET = "shardcache-demo"
-_OPEN_WAIT_SUM = re.compile(r"^shardcache_open_wait_seconds_sum(?:\{\})? (\S+)$", re.MULTILINE)
 
 
 def metrics_port(preferred: int) -> int:
@@ -52,19 +53,6 @@ def metrics_port(preferred: int) -> int:
         except OSError:
             return free_tcp_port()
     return preferred
-
-
-def open_wait_seconds(metrics_url: str | None) -> float | None:
-    """The daemon's total time spent in opens waiting for shards (None when its metrics are not reachable)."""
-    if metrics_url is None:
-        return None
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as answer:  # noqa: S310 - loopback URL we built
-            text = answer.read().decode()
-    except OSError:
-        return None
-    match = _OPEN_WAIT_SUM.search(text)
-    return float(match.group(1)) if match else None
 
 
 def _allow_prefixes(urls: Sequence[str]) -> list[str]:
@@ -83,92 +71,9 @@ def _default_capacity(dataset: DemoDataset, args: argparse.Namespace) -> str:
     return f"{max(1, dataset.total_bytes * 3 // 4, readers * shard * (PREFETCH_DEPTH + 1))}B"  # bytes
 
 
-class _Coordinator:
-    """Runs the rank processes and turns their reports and the daemon's counters into table rows."""
-
-    def __init__(self, args: argparse.Namespace, data: DemoDataset, socket: str, metrics_url: str | None):
-        self.args, self.data, self.socket, self.metrics_url = args, data, socket, metrics_url
-        self.mp = multiprocessing.get_context("spawn")  # ranks must not inherit our threads and sockets
-        self.events: Any = self.mp.Queue()
-        self.barrier: Any = self.mp.Barrier(args.ranks + 1)
-        self.processes: list[Any] = []
-
-    def start(self) -> None:
-        lance_dir = str(Path(self.args.cache_dir).resolve() / "preprocessed")
-        for rank in range(self.args.ranks):
-            cfg = RankConfig(
-                rank=rank,
-                world_size=self.args.ranks,
-                train=self.data.train,
-                val=self.data.val,
-                socket=self.socket,
-                lance_dir=lance_dir,
-                epochs=self.args.epochs,
-                workers=self.args.workers,
-                batch_size=self.args.batch_size,
-                seed=self.args.seed,
-                job=f"demo-{os.getpid()}",
-            )
-            process = self.mp.Process(
-                target=run_rank, args=(cfg, self.events, self.barrier), name=f"rank{rank}"
-            )
-            process.start()
-            self.processes.append(process)
-
-    def _next_event(self) -> tuple[Any, ...]:
-        while True:
-            with contextlib.suppress(Exception):  # queue.Empty: check the ranks are alive, then wait on
-                return tuple(self.events.get(timeout=1.0))
-            for process in self.processes:
-                if process.exitcode not in (None, 0):
-                    raise RuntimeError(f"{process.name} exited with status {process.exitcode}")
-
-    def run(self, client: DaemonClient) -> list[EpochRow]:
-        from tqdm import tqdm
-
-        rows = []
-        before, wait_before = client.stats(), open_wait_seconds(self.metrics_url)
-        for epoch in range(self.args.epochs):
-            reports: list[EpochReport] = []
-            total = self.data.samples or None
-            with tqdm(
-                total=total,
-                desc=f"epoch {epoch + 1}/{self.args.epochs}",
-                unit=" samples",
-                file=sys.stderr,
-                disable=self.args.no_progress,
-                leave=True,
-                dynamic_ncols=True,
-            ) as bar:
-                while len(reports) < self.args.ranks:
-                    event = self._next_event()
-                    if event[0] == "progress":
-                        bar.update(event[2])
-                    elif event[0] == "epoch":
-                        reports.append(event[1])
-                    else:
-                        raise RuntimeError(f"rank {event[1]} failed: {event[2]}")
-            after, wait_after = client.stats(), open_wait_seconds(self.metrics_url)
-            shard_wait = None if wait_before is None or wait_after is None else wait_after - wait_before
-            rows.append(EpochRow.of(epoch + 1, reports, before, after, shard_wait))
-            before, wait_before = after, wait_after
-            self.barrier.wait(timeout=600)
-        return rows
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        self.events.close()
-        self.events.join_thread()
-
-
-def _prepare(args: argparse.Namespace, workdir: Path) -> tuple[DemoDataset, S3Server | None]:
+def _prepare(
+    args: argparse.Namespace, workdir: Path, stopped: list[str]
+) -> tuple[DemoDataset, S3Server | None]:
     if not args.local_s3:
         return describe_user_shards(args.shards, args.val_shards), None
     shard_bytes = int(args.shard_mb * 1024 * 1024)
@@ -181,17 +86,21 @@ def _prepare(args: argparse.Namespace, workdir: Path) -> tuple[DemoDataset, S3Se
     try:
         data = upload(server.endpoint, server.env, BUCKET, int(args.shards), args.val_shards, shard_bytes)
     except BaseException:
-        server.stop()
+        with signals_held():
+            server.stop()
+        stopped.append("stopped the S3 endpoint")
         raise
     os.environ.update(server.env)  # the ranks' direct-read fallback and the daemon find the endpoint here
     return data, server
 
 
-def run(args: argparse.Namespace, workdir: Path) -> None:
-    data, server = _prepare(args, workdir)
+def run(args: argparse.Namespace, workdir: Path, stopped: list[str]) -> None:
+    """Run the demo; on the way out, whatever happened, stop what it started, noting each in `stopped`."""
+    data, server = _prepare(args, workdir, stopped)
     daemon: Daemon | None = None
-    coordinator: _Coordinator | None = None
+    coordinator: Coordinator | None = None
     cache_dir = Path(args.cache_dir)
+    finished = False
     try:
         if args.socket:
             socket, metrics_url = args.socket, args.metrics_url
@@ -221,27 +130,36 @@ def run(args: argparse.Namespace, workdir: Path) -> None:
                     with contextlib.suppress(RemoteNotFound):
                         client.evict(url)
                 shutil.rmtree(cache_dir / "preprocessed", ignore_errors=True)
-            coordinator = _Coordinator(args, data, socket, metrics_url)
+            coordinator = Coordinator(args, data, socket, metrics_url)
             coordinator.start()
             rows = coordinator.run(client)
+            finished = True
         print()
         print(render_table(rows, data.total_bytes))
         if metrics_url:
             print(f"\nmetrics: {metrics_url} (Prometheus text format; see docs/metrics.md)")
-    except BaseException:
-        if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt | Terminated | Stalled):
             for log in (workdir / "shardcached.log", workdir / "s3.log"):
                 if log.exists() and log.stat().st_size:
                     tail = log.read_text(errors="replace").splitlines()[-15:]
                     print(f"--- last lines of {log.name} ---", *tail, sep="\n", file=sys.stderr)
         raise
     finally:
-        if coordinator is not None:
-            coordinator.stop()
-        if daemon is not None:
-            daemon.stop()
-        if server is not None:
-            server.stop()
+        with signals_held():  # ranks first (they use the daemon), then the daemon, then the S3 endpoint
+            if coordinator is not None and (killed := coordinator.stop(finished)):
+                stopped.append(killed)
+                if finished:
+                    print(
+                        f"the ranks did not exit {EXIT_WAIT_S:g}s after the last epoch: {killed}",
+                        file=sys.stderr,
+                    )
+            if daemon is not None:
+                daemon.stop()
+                stopped.append("stopped shardcached")
+            if server is not None:
+                server.stop()
+                stopped.append("stopped the S3 endpoint")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,7 +187,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="stop the demo when a rank reports no progress for this long (default 60; at least 120 while "
+        "it starts; 0: never); raise it for shards that take longer than that to download",
+    )
+    # Test hook, hidden from --help: RANK:SAMPLES makes each DataLoader worker of that rank hang for good once
+    # it has produced SAMPLES samples (in all epochs), as a worker deadlocked after its fork does
+    # (tests/client/test_demo_stop.py).
+    parser.add_argument("--test-stall", type=_rank_and_samples, help=argparse.SUPPRESS)
     return parser
+
+
+def _rank_and_samples(text: str) -> tuple[int, int]:
+    rank, _, samples = text.partition(":")
+    try:
+        return int(rank), int(samples)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"RANK:SAMPLES expected, got {text!r}") from None
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -284,22 +222,30 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--val-shards must be 0 or at least --ranks (one validation shard per rank)"
     if min(args.ranks, args.epochs, args.batch_size) < 1 or args.workers < 0:
         return "--ranks, --epochs and --batch-size must be >= 1, --workers >= 0"
+    if args.stall_timeout < 0:
+        return "--stall-timeout must be >= 0 (0: never)"
     return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns the exit status (130 after Ctrl-C)."""
+    """Run the demo; returns the exit status (130 after Ctrl-C, 143 after SIGTERM, 1 after a stall)."""
     args = build_parser().parse_args(argv)
     problem = _check(args)
     if problem:
         print(f"shardcache demo: {problem}", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="scdemo-", dir="/tmp"))  # short: Unix socket paths are limited
+    stopped: list[str] = []
     try:
-        run(args, workdir)
-    except KeyboardInterrupt:
-        print("\ninterrupted; ranks, daemon and S3 endpoint stopped", file=sys.stderr)
-        return 130
+        with signals_raise():
+            run(args, workdir, stopped)
+    except (KeyboardInterrupt, Terminated) as exc:
+        name, status = ("SIGTERM", exc.exit_status) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+        print(f"\nshardcache demo: interrupted ({name}); {_done(stopped)}", file=sys.stderr)
+        return status
+    except Stalled as exc:
+        print(f"shardcache demo failed: {exc}.\nStopped the demo: {_done(stopped)}", file=sys.stderr)
+        return 1
     except DaemonUnavailable as exc:
         print(
             f"shardcache demo failed: no shardcached daemon answers on {exc.socket} ({exc.reason}); start "
@@ -308,11 +254,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     except (ShardcacheError, RuntimeError, TimeoutError, threading.BrokenBarrierError) as exc:
-        print(f"shardcache demo failed: {exc}", file=sys.stderr)
+        print(f"shardcache demo failed: {exc}; {_done(stopped)}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _done(stopped: Sequence[str]) -> str:
+    return ", ".join(stopped) if stopped else "nothing was running yet"
 
 
 if __name__ == "__main__":

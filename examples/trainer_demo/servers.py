@@ -39,7 +39,7 @@ def free_tcp_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)

@@ -6,15 +6,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
 import pytest
 
 from shardcache import cli
@@ -87,53 +84,6 @@ def test_demo_trains_two_ranks_for_two_epochs_and_prints_the_table(tmp_path: Pat
     assert (tmp_path / ".shardcache" / "shards").is_dir() and (
         tmp_path / ".shardcache" / "preprocessed"
     ).is_dir()
-
-
-def test_ctrl_c_stops_ranks_daemon_and_s3_endpoint(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [*demo_command("--epochs", "50")],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=demo_env(tmp_path),
-        start_new_session=True,  # a terminal's Ctrl-C signals the whole foreground process group
-    )
-    deadline = time.monotonic() + 240
-    while len(_ranks(proc.pid)) < 2:  # interrupt training, not start-up
-        assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
-        time.sleep(0.1)
-    assert len(_alive_in_session(proc.pid)) >= 5  # the demo, moto, shardcached, two ranks (and workers)
-    os.killpg(proc.pid, signal.SIGINT)
-    output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, output
-    assert "interrupted" in output
-    deadline = time.monotonic() + 30  # orphaned workers notice their parent is gone and exit
-    while (left := _alive_in_session(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == []
-
-
-def _alive_in_session(sid: int) -> list[psutil.Process]:
-    alive = []
-    for process in psutil.process_iter():
-        try:
-            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-        except (OSError, psutil.Error):
-            continue
-    return alive
-
-
-def _ranks(sid: int) -> list[psutil.Process]:
-    ranks = []
-    for process in _alive_in_session(sid):
-        try:
-            if "multiprocessing.spawn" in " ".join(process.cmdline()):
-                ranks.append(process)
-        except psutil.Error:
-            continue
-    return ranks
 
 
 def test_demo_via_the_cli_rejects_too_few_shards_for_the_slots(tmp_path: Path) -> None:
