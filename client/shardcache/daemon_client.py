@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Literal, cast
 
-from shardcache import protocol
+from shardcache import forksafe, protocol
 from shardcache.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WAIT_S
 from shardcache.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
 from shardcache.availability import DaemonAvailability, restart_wait
@@ -116,6 +116,12 @@ class DaemonClient(DaemonAvailability):
         self._warned_path = False
         self._warned_capacity = False
         self._disk_full = DiskFullMemory(self.disk_full_retry_s)
+        forksafe.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        # A forked DataLoader worker shares this object with the trainer; a lock another trainer thread held
+        # at the fork would never be released in the worker (see `shardcache.forksafe`).
+        self._state_lock = threading.Lock()
 
     # -- pickling: DataLoader workers get a copy without the parent's sockets and locks --------------------
 

@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import IO, BinaryIO, cast
 
+from shardcache import forksafe
 from shardcache.errors import InsufficientCapacity
 from shardcache.extras import filesystem_extra
 
@@ -59,6 +60,10 @@ class DiskFullMemory:
         self._until = float("-inf")  # direct reads without asking until this time
         self._full = False  # in a disk-full episode: warned, not yet served again
         self._lock = threading.Lock()
+        forksafe.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork (`shardcache.forksafe`)
 
     def skip_daemon(self) -> bool:
         """Whether to read the next shard directly without asking the daemon."""

@@ -22,6 +22,8 @@ import pytest
 
 from shardcache import forksafe
 from shardcache.control import NO_TLS, ControlClient
+from shardcache.daemon_client import DaemonClient
+from shardcache.direct import DiskFullMemory
 from tests.client.pipeline_support import make_tars
 from tests.support.devservers import Daemon
 from tests.support.watchdog import run_watched
@@ -106,6 +108,40 @@ def test_background_work_waits_while_a_fork_happens() -> None:
         forksafe._after_fork_in_parent()
     assert entered.wait(10)
     thread.join(10)
+
+
+def _lock_of(kind: str, socket: str) -> tuple[object, str]:
+    if kind == "DaemonClient":
+        return DaemonClient(socket), "_state_lock"
+    return DiskFullMemory(), "_lock"
+
+
+@pytest.mark.parametrize("kind", ["DaemonClient", "DiskFullMemory"])
+def test_a_forked_child_gets_its_own_lock(kind: str, daemon: Daemon) -> None:
+    """A lock another thread held at the fork is free in the child (`forksafe.reset_in_child`)."""
+    owner, name = _lock_of(kind, daemon.socket)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with getattr(owner, name):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold_lock)
+    thread.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest, whatever happens
+            ok = False
+            try:
+                ok = getattr(owner, name).acquire(timeout=5)
+            finally:
+                os._exit(0 if ok else 1)
+        assert wait_child(pid) == 0
+    finally:
+        release.set()
+        thread.join(10)
 
 
 def test_a_forked_child_does_not_inherit_the_control_clients_lock(daemon: Daemon) -> None:
