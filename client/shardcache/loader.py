@@ -218,9 +218,10 @@ class TorchLoader:
 
     def close(self) -> None:
         """Stop the persistent workers now and end the current iteration (the next one starts anew)."""
-        iterator, self._runtime.iterator = self._runtime.iterator, None
+        # The closed iterator stays the latest one: state_dict() still answers after close(), and the next
+        # iteration starts at the loader's epoch as after any other (not from the closed one's state).
+        iterator = self._runtime.iterator
         if iterator is not None:
-            self._runtime.pending = iterator.state_dict()  # state_dict() still answers after close()
             iterator.close()
         home, self._home = self._home, None
         if home is not None:
