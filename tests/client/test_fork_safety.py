@@ -110,65 +110,44 @@ def test_background_work_waits_while_a_fork_happens() -> None:
     thread.join(10)
 
 
-def _lock_of(kind: str, socket: str) -> tuple[object, str]:
-    if kind == "DaemonClient":
-        return DaemonClient(socket), "_state_lock"
-    return DiskFullMemory(), "_lock"
+def fork_while_held(lock: Any, in_child: Callable[[], bool]) -> int:
+    """Fork while another thread holds `lock`; the child's exit status is 0 when `in_child()` is True."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with lock:  # a thread of the parent in the middle of its work at the fork
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold_lock)
+    thread.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest, whatever happens
+            ok = False
+            try:
+                ok = in_child()
+            finally:
+                os._exit(0 if ok else 1)
+        return wait_child(pid)
+    finally:
+        release.set()
+        thread.join(10)
 
 
 @pytest.mark.parametrize("kind", ["DaemonClient", "DiskFullMemory"])
 def test_a_forked_child_gets_its_own_lock(kind: str, daemon: Daemon) -> None:
     """A lock another thread held at the fork is free in the child (`forksafe.reset_in_child`)."""
-    owner, name = _lock_of(kind, daemon.socket)
-    held, release = threading.Event(), threading.Event()
-
-    def hold_lock() -> None:
-        with getattr(owner, name):
-            held.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold_lock)
-    thread.start()
-    assert held.wait(10)
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child never returns into pytest, whatever happens
-            ok = False
-            try:
-                ok = getattr(owner, name).acquire(timeout=5)
-            finally:
-                os._exit(0 if ok else 1)
-        assert wait_child(pid) == 0
-    finally:
-        release.set()
-        thread.join(10)
+    owner: Any = DaemonClient(daemon.socket) if kind == "DaemonClient" else DiskFullMemory()
+    name = "_state_lock" if kind == "DaemonClient" else "_lock"
+    assert fork_while_held(getattr(owner, name), lambda: bool(getattr(owner, name).acquire(timeout=5))) == 0
 
 
 def test_a_forked_child_does_not_inherit_the_control_clients_lock(daemon: Daemon) -> None:
     control = ControlClient(daemon.socket, timeout=5.0)
     assert control.request("GET", "/v1/health").status == 200  # a pooled connection in the parent
-    held, release = threading.Event(), threading.Event()
-
-    def hold_lock() -> None:
-        with control._lock:  # a thread of the parent in the middle of making a client at the fork
-            held.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=hold_lock)
-    thread.start()
-    assert held.wait(10)
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child never returns into pytest, whatever happens
-            ok = False
-            try:
-                ok = control.request("GET", "/v1/health").status == 200
-            finally:
-                os._exit(0 if ok else 1)
-        assert wait_child(pid) == 0
-    finally:
-        release.set()
-        thread.join(10)
+    assert fork_while_held(control._lock, lambda: control.request("GET", "/v1/health").status == 200) == 0
     assert control.request("GET", "/v1/health").status == 200  # the parent's client still works
     control.close()
 
