@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.devservers import Daemon, S3Server, start_daemon, start_s3_server
 from tests.support.shards import ShardSet, make_tar_shard
+from tests.support.start_methods import ALL_METHODS, LOADER_METHODS
 from tests.support.tools import IN_CI, unavailable
 
 
@@ -40,6 +41,22 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     """The same for a module skipped at import (a module-level `pytest.importorskip`)."""
     outcome = yield
     _fail_skip_under_ci(outcome.get_result())  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=LOADER_METHODS, ids=LOADER_METHODS)
+def start_method(request: pytest.FixtureRequest) -> str:
+    """How DataLoader workers start: "default" (torch's default, fork on Linux: what users get), then
+    "forkserver". Pass it to `tests.support.start_methods.worker_context`."""
+    method: str = request.param
+    return method
+
+
+@pytest.fixture(params=ALL_METHODS, ids=ALL_METHODS)
+def any_start_method(request: pytest.FixtureRequest) -> str:
+    """Every start method users choose: "default" (fork on Linux), "forkserver" and "spawn". For the
+    resume contract and a few representative loader tests; spawn is too slow for every loader test."""
+    method: str = request.param
+    return method
 
 
 @pytest.fixture(scope="session")

@@ -49,22 +49,6 @@ def slot_contexts(total: int, workers: int = 1, **kw: Any) -> list[RuntimeContex
     ]
 
 
-def worker_context() -> Any:
-    """The multiprocessing context for DataLoader workers in tests: forkserver, with torch preloaded.
-
-    lance registers an at-fork hook that warns "lance is not fork-safe" in the PARENT at every fork once it
-    is imported, and other tests in the session import it; forking the pytest process would trip
-    `filterwarnings = error`. Workers forked from a clean forkserver avoid that without a filter, and show
-    that pipelines and loader states pickle (as under spawn). Preloading torch there keeps worker starts
-    cheap (a fresh interpreter per worker would import torch each time).
-    """
-    import multiprocessing
-
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.utils.data", "shardcache", "shardcache.sources.tars"])
-    return context
-
-
 class FakeDeviceMesh:
     """A stand-in for torch's DeviceMesh (size/get_local_rank per dim); a real one needs a process group."""
 

@@ -9,9 +9,9 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.iteration import PipelineIterator
-from tests.client.pipeline_support import worker_context
 from tests.support.daemon_api import client_samples
 from tests.support.devservers import Daemon
+from tests.support.start_methods import worker_context
 
 
 def reported(daemon: Daemon, name: str, job: str, expected: float) -> float | None:
@@ -39,7 +39,7 @@ def test_a_dataset_iterated_in_the_trainer_reports_its_samples_and_wait(local_sh
 
 
 def test_a_torch_loader_reports_for_its_workers_with_their_skipped_shards(
-    local_shards, daemon_factory
+    local_shards, daemon_factory, start_method
 ) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
@@ -48,7 +48,11 @@ def test_a_torch_loader_reports_for_its_workers_with_their_skipped_shards(
     )
     (local_shards.local_dir / local_shards.names[2]).unlink()
     loader = TorchLoader(
-        ds, num_workers=2, batch_size=4, collate_fn=list, multiprocessing_context=worker_context()
+        ds,
+        num_workers=2,
+        batch_size=4,
+        collate_fn=list,
+        multiprocessing_context=worker_context(start_method),
     )
     it = iter(loader)
     assert sum(len(batch) for batch in it) == 3 * 8

@@ -22,6 +22,7 @@ import pytest
 from shardcache import DataLoadMesh, Dataset, RuntimeContext, TorchLoader
 from shardcache.errors import ConfigError
 from tests.client.pipeline_support import keys, make_tars
+from tests.support.start_methods import worker_context
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -82,15 +83,13 @@ def test_a_pickled_mesh_carries_its_integers_and_not_the_device_mesh(device_mesh
     assert (copy.dp_rank, copy.dp_size, copy.is_dp_leader) == (mesh.dp_rank, mesh.dp_size, mesh.is_dp_leader)
 
 
-@pytest.mark.parametrize("start_method", [None, "fork", "forkserver", "spawn"])
 def test_a_dataset_over_a_real_mesh_reads_in_loader_workers(
-    device_mesh: Any, tars: list[str], start_method: str | None
+    device_mesh: Any, tars: list[str], any_start_method: str
 ) -> None:
-    # None: torch's default start method (fork on Linux), the one users get first.
     ctx = RuntimeContext.from_runtime(device_mesh=device_mesh, dp_dims="dp")
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
-    options: dict[str, Any] = {} if start_method is None else {"multiprocessing_context": start_method}
-    assert sorted(keys(TorchLoader(ds, num_workers=2, **options))) == ALL_KEYS
+    loader = TorchLoader(ds, num_workers=2, multiprocessing_context=worker_context(any_start_method))
+    assert sorted(keys(loader)) == ALL_KEYS
 
 
 def launch_2x2(tars: list[str], out: Path) -> list[dict[str, Any]]:

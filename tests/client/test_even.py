@@ -21,7 +21,8 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.shards import write_manifest
-from tests.client.pipeline_support import assert_resumes, slot_contexts, worker_context, write_tar
+from tests.client.pipeline_support import assert_resumes, slot_contexts, write_tar
+from tests.support.start_methods import worker_context
 
 TAR_SAMPLES = (23, 7, 31, 12, 5, 19, 28)  # 125 samples in 7 shards of unequal size
 JSONL_LINES = (17, 4, 26, 9, 11)
@@ -158,19 +159,21 @@ def keep_list(batch: list[Any]) -> list[Any]:
     return batch
 
 
-def loader(f: Files, even: str | None, rank: int, world_size: int, kind: str = "tars") -> TorchLoader:
+def loader(
+    f: Files, even: str | None, rank: int, world_size: int, method: str, kind: str = "tars"
+) -> TorchLoader:
     ctx = RuntimeContext(rank=rank, world_size=world_size, seed=5)
     shards = {"tars": f.tars, "jsonl": f.jsonl, "parquet": f.parquet}[kind]
     ds = Dataset.from_source(kind, shards, daemon=None, even=even, context=ctx)
     return TorchLoader(
-        ds, num_workers=2, batch_size=4, collate_fn=keep_list, multiprocessing_context=worker_context()
+        ds, num_workers=2, batch_size=4, collate_fn=keep_list, multiprocessing_context=worker_context(method)
     )
 
 
 @pytest.mark.parametrize("kind", ["tars", "jsonl", "parquet"])
 @pytest.mark.parametrize("even", ["drop", "pad"])
 def test_torch_loader_workers_yield_the_same_batches_on_every_rank(
-    files: Files, even: str, kind: str
+    files: Files, even: str, kind: str, start_method: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
     key, universe = {
@@ -178,7 +181,7 @@ def test_torch_loader_workers_yield_the_same_batches_on_every_rank(
         "jsonl": ("id", files.jsonl_ids),
         "parquet": ("id", files.parquet_ids),
     }[kind]
-    batches = [list(loader(files, even, rank, 3, kind)) for rank in range(3)]
+    batches = [list(loader(files, even, rank, 3, start_method, kind)) for rank in range(3)]
     counts = [len(b) for b in batches]
     assert counts == [counts[0]] * 3, f"batches per rank {counts}"
     ranks = [[(str(s[key]), bool(s.get("__pad__", False))) for b in rank for s in b] for rank in batches]
@@ -267,7 +270,9 @@ def test_every_mode_resumes_exactly_in_a_worker_slot(files: Files, even: str | N
 
 
 @pytest.mark.parametrize("even", MODES)
-def test_every_mode_resumes_exactly_through_torch_loader_workers(files: Files, even: str | None) -> None:
+def test_every_mode_resumes_exactly_through_torch_loader_workers(
+    files: Files, even: str | None, start_method: str
+) -> None:
     pytest.importorskip("torch.utils.data")
-    make: Callable[[], TorchLoader] = lambda: loader(files, even, 1, 3)  # noqa: E731
+    make: Callable[[], TorchLoader] = lambda: loader(files, even, 1, 3, start_method)  # noqa: E731
     assert_resumes(make, [1, 10_000])

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.client.pipeline_support import FakeDeviceMesh, make_tars, worker_context
+from tests.client.pipeline_support import FakeDeviceMesh, make_tars
+from tests.support.start_methods import worker_context
 
 torch_data = pytest.importorskip("torch.utils.data")
 
@@ -39,21 +40,27 @@ def tars(tmp_path: Path) -> list[str]:
     return make_tars(tmp_path / "tars", count=4, samples=5)
 
 
-def test_dataset_is_an_iterable_dataset_for_a_plain_dataloader(tars: list[str]) -> None:
+def test_dataset_is_an_iterable_dataset_for_a_plain_dataloader(
+    tars: list[str], any_start_method: str
+) -> None:
     ds = Dataset.from_source("tars", tars, daemon=None)
     assert isinstance(ds, torch_data.IterableDataset)
     loader = torch_data.DataLoader(
-        ds, num_workers=2, batch_size=None, multiprocessing_context=worker_context()
+        ds, num_workers=2, batch_size=None, multiprocessing_context=worker_context(any_start_method)
     )
     seen = Counter(s["__key__"] for s in loader)
     assert len(seen) == 20 and set(seen.values()) == {1}
 
 
-def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str]) -> None:
+def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str], start_method: str) -> None:
     ds = Dataset.from_source("tars", tars, daemon=None)
     loader = (
         TorchLoader(
-            ds, num_workers=2, batch_size=3, collate_fn=identity, multiprocessing_context=worker_context()
+            ds,
+            num_workers=2,
+            batch_size=3,
+            collate_fn=identity,
+            multiprocessing_context=worker_context(start_method),
         )
         .unbatch()
         .shuffle(buffer_size=6, seed=1)
@@ -68,7 +75,7 @@ def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str]) -> None:
     assert flat == [k for b in loader for pair in b for k in pair]  # deterministic across runs
 
 
-def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str]) -> None:
+def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str], start_method: str) -> None:
     def run(tp: int) -> list[str]:
         mesh = FakeDeviceMesh({"dp": 1, "tp": 2}, {"dp": 0, "tp": tp})
         ctx = RuntimeContext.from_runtime(
@@ -77,7 +84,11 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str]) -> None:
         ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
         loader = (
             TorchLoader(
-                ds, num_workers=2, batch_size=2, collate_fn=identity, multiprocessing_context=worker_context()
+                ds,
+                num_workers=2,
+                batch_size=2,
+                collate_fn=identity,
+                multiprocessing_context=worker_context(start_method),
             )
             .unbatch()
             .shuffle(8)
@@ -89,11 +100,12 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str]) -> None:
     assert len(first) == len(set(first)) == 20
 
 
-def test_explicit_context_counts_dataloader_workers(tars: list[str]) -> None:
+def test_explicit_context_counts_dataloader_workers(tars: list[str], start_method: str) -> None:
     ctx = RuntimeContext(rank=1, world_size=2)
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
-    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2, multiprocessing_context=worker_context())]
+    workers = worker_context(start_method)
+    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2, multiprocessing_context=workers)]
     other = Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(rank=0, world_size=2))
-    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, multiprocessing_context=worker_context())]
+    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, multiprocessing_context=workers)]
     assert len(got) == len(rest) == 10  # 2 ranks x 2 workers = 4 slots, one shard of 5 each
     assert len(set(got) | set(rest)) == 20

@@ -133,16 +133,18 @@ def keep(item: Any) -> Any:
     return item
 
 
-def test_a_mixed_source_through_torch_loader_workers_reads_each_sample_once(files: Files) -> None:
+def test_a_mixed_source_through_torch_loader_workers_reads_each_sample_once(
+    files: Files, start_method: str
+) -> None:
     pytest.importorskip("torch.utils.data")
     from shardcache import TorchLoader
-    from tests.client.pipeline_support import worker_context
+    from tests.support.start_methods import worker_context
 
     loader = TorchLoader(
         mixed(files, "round_robin", context=None),
         num_workers=2,
         collate_fn=keep,
-        multiprocessing_context=worker_context(),
+        multiprocessing_context=worker_context(start_method),
     )
     seen = [s["id"] for s in loader]
     assert sorted(seen) == sorted(i for i, _ in ORDERS["concat"])

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardcache import Dataset, RuntimeContext, StateError
-from tests.client.pipeline_support import Resumable, assert_resumes, make_tars, worker_context
+from tests.client.pipeline_support import Resumable, assert_resumes, make_tars
+from tests.support.start_methods import DEFAULT, worker_context
 
 
 def add_len(sample: dict[str, Any]) -> dict[str, Any]:
@@ -85,10 +86,10 @@ def tars(f: Files, context: RuntimeContext | None = None) -> Dataset:
     return Dataset.from_source("tars", f.tars, daemon=None, context=context)
 
 
-def loader(f: Files, workers: int) -> Any:
+def loader(f: Files, workers: int, method: str = DEFAULT) -> Any:
     from shardcache import TorchLoader
 
-    kwargs = {"multiprocessing_context": worker_context()} if workers else {}
+    kwargs = {"multiprocessing_context": worker_context(method)} if workers else {}
     ds = tars(f).map(key_of)
     return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=keep_list, **kwargs)
 
@@ -142,22 +143,34 @@ def test_dataset_resumes_exactly(files: Files, case: str, slot: str) -> None:
     assert_resumes(lambda: DATASET_CASES[case](files), POINTS, SLOTS[slot])
 
 
-LOADER_CASES: dict[str, Callable[[Files, int], Resumable]] = {
+LOADER_CASES: dict[str, Callable[[Files, int, str], Resumable]] = {
     "worker-batches": loader,
-    "loader-side-stages": lambda f, w: loader(f, w).unbatch().shuffle(6, seed=1).assemble(Pairs).batch(2),
+    "loader-side-stages": lambda f, w, m: (
+        loader(f, w, m).unbatch().shuffle(6, seed=1).assemble(Pairs).batch(2)
+    ),
     # Without torch.distributed balance passes through; tests/client/test_parity_balance.py resumes it
     # under gloo with two ranks.
-    "loader-balance": lambda f, w: loader(f, w).balance(chunk_size=2, buffer_size=2),
+    "loader-balance": lambda f, w, m: loader(f, w, m).balance(chunk_size=2, buffer_size=2),
 }
 
 
-@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", list(LOADER_CASES))
-def test_torch_loader_resumes_exactly(files: Files, case: str, workers: int) -> None:
+def test_torch_loader_in_the_main_process_resumes_exactly(files: Files, case: str) -> None:
     pytest.importorskip("torch.utils.data")
-    # Each pass with worker processes costs about a second here: fewer points with workers.
-    points = POINTS if workers == 0 else [1, 10_000]
-    assert_resumes(lambda: LOADER_CASES[case](files, workers), points)
+    assert_resumes(lambda: LOADER_CASES[case](files, 0, DEFAULT), POINTS)
+
+
+@pytest.mark.parametrize("case", list(LOADER_CASES))
+def test_torch_loader_with_workers_resumes_exactly(files: Files, case: str, any_start_method: str) -> None:
+    """Under every start method users choose: the default (fork), forkserver and spawn."""
+    pytest.importorskip("torch.utils.data")
+    make = lambda: LOADER_CASES[case](files, 2, any_start_method)  # noqa: E731
+    if any_start_method == "spawn":
+        # Each spawned worker imports torch (2-6 s a loader here): one resume mid-epoch, without the hop.
+        assert_resumes(make, [1], hop=False)
+    else:
+        # Each pass with worker processes costs about a second here: fewer points with workers.
+        assert_resumes(make, [1, 10_000])
 
 
 def test_state_from_world_size_2_is_refused_under_world_size_4(files: Files) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.client.pipeline_support import make_tars, worker_context
+from tests.client.pipeline_support import make_tars
+from tests.support.start_methods import DEFAULT, worker_context
 
 pytest.importorskip("torch.utils.data")
 
@@ -29,45 +30,49 @@ def tars(tmp_path: Path) -> list[str]:
 
 
 def loader(
-    tars: list[str], workers: int, context: RuntimeContext | None = None, **kwargs: Any
+    tars: list[str],
+    workers: int,
+    context: RuntimeContext | None = None,
+    method: str = DEFAULT,
+    **kwargs: Any,
 ) -> TorchLoader:
     ds = Dataset.from_source("tars", tars, daemon=None, context=context).map(key_of)
     if workers:
-        kwargs.setdefault("multiprocessing_context", worker_context())
+        kwargs.setdefault("multiprocessing_context", worker_context(method))
     return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **kwargs)
 
 
-def test_merge_order_does_not_depend_on_dataloader_delivery_order(tars: list[str]) -> None:
+def test_merge_order_does_not_depend_on_dataloader_delivery_order(tars: list[str], start_method: str) -> None:
     # in_order=False lets the DataLoader hand over whichever worker is ready first; the merge reorders.
-    reference = list(loader(tars, 2))
-    assert list(loader(tars, 2, in_order=False)) == reference
+    reference = list(loader(tars, 2, method=start_method))
+    assert list(loader(tars, 2, method=start_method, in_order=False)) == reference
     assert sorted(k for batch in reference for k in batch) == sorted(
         f"s{s:03d}_{i:04d}" for s in range(4) for i in range(5)
     )
 
 
-def test_state_is_small_json_without_sample_data(tars: list[str]) -> None:
-    it = iter(loader(tars, 2).unbatch().shuffle(6, seed=1))
+def test_state_is_small_json_without_sample_data(tars: list[str], start_method: str) -> None:
+    it = iter(loader(tars, 2, method=start_method).unbatch().shuffle(6, seed=1))
     seen = [next(it) for _ in range(7)]
     text = json.dumps(it.state_dict())
     assert len(text) < 2000
     assert not any(key in text for key in seen)
 
 
-def test_resume_continues_the_epoch_of_the_state(tars: list[str]) -> None:
-    first = loader(tars, 2)
+def test_resume_continues_the_epoch_of_the_state(tars: list[str], start_method: str) -> None:
+    first = loader(tars, 2, method=start_method)
     first.set_epoch(3)
     it = iter(first)
     head = [next(it) for _ in range(2)]
-    resumed = loader(tars, 2)  # no set_epoch: the state's epoch wins
+    resumed = loader(tars, 2, method=start_method)  # no set_epoch: the state's epoch wins
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    reference = loader(tars, 2)
+    reference = loader(tars, 2, method=start_method)
     reference.set_epoch(3)
     assert head + list(resumed) == list(reference)
 
 
-def test_state_from_other_num_workers_is_refused(tars: list[str]) -> None:
-    it = iter(loader(tars, 2))
+def test_state_from_other_num_workers_is_refused(tars: list[str], start_method: str) -> None:
+    it = iter(loader(tars, 2, method=start_method))
     next(it)
     with pytest.raises(StateError, match="num_workers=2.*num_workers=0"):
         loader(tars, 0).load_state_dict(it.state_dict())

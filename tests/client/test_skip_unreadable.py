@@ -9,7 +9,7 @@ import pytest
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, RemoteNotFound
-from tests.client.pipeline_support import worker_context
+from tests.support.start_methods import worker_context
 
 SAMPLES = 4
 
@@ -50,7 +50,9 @@ def test_on_error_skip_skips_a_missing_object_logs_it_once_and_counts_it(  # typ
     assert len(warnings) == 1 and "shard_000002.tar" in warnings[0]
 
 
-def test_skips_in_dataloader_workers_reach_the_main_process(bucket_missing_one, daemon_factory) -> None:  # type: ignore[no-untyped-def]
+def test_skips_in_dataloader_workers_reach_the_main_process(
+    bucket_missing_one, daemon_factory, start_method
+) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
     daemon = daemon_factory(allow=[f"s3://{bucket_missing_one.bucket}/"])
     ds = Dataset.from_source(
@@ -60,7 +62,7 @@ def test_skips_in_dataloader_workers_reach_the_main_process(bucket_missing_one, 
         on_error="skip",
         context=RuntimeContext(),
     )
-    loader = TorchLoader(ds, num_workers=2, multiprocessing_context=worker_context())
+    loader = TorchLoader(ds, num_workers=2, multiprocessing_context=worker_context(start_method))
     it = iter(loader)
     assert len(list(it)) == 3 * SAMPLES
     assert it.skipped_shards == 1

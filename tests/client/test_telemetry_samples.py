@@ -58,16 +58,20 @@ def test_count_items_counts_the_samples_of_a_batch(batch: Any, samples: int) -> 
 
 
 def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict(  # type: ignore[no-untyped-def]
-    local_shards: ShardSet, daemon_factory
+    local_shards: ShardSet, daemon_factory, start_method: str
 ) -> None:
     pytest.importorskip("torch")
     from shardcache import TorchLoader
-    from tests.client.pipeline_support import worker_context
+    from tests.support.start_methods import worker_context
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="nested")
     loader = TorchLoader(
-        ds, num_workers=2, batch_size=3, collate_fn=nested, multiprocessing_context=worker_context()
+        ds,
+        num_workers=2,
+        batch_size=3,
+        collate_fn=nested,
+        multiprocessing_context=worker_context(start_method),
     )
     it = iter(loader)
     assert sum(len(batch["meta"]["key"]) for batch in it) == TOTAL
@@ -76,15 +80,17 @@ def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict( 
 
 
 def test_a_torch_loader_without_batches_counts_one_sample_per_item(  # type: ignore[no-untyped-def]
-    local_shards: ShardSet, daemon_factory
+    local_shards: ShardSet, daemon_factory, start_method: str
 ) -> None:
     pytest.importorskip("torch")
     from shardcache import TorchLoader
-    from tests.client.pipeline_support import worker_context
+    from tests.support.start_methods import worker_context
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="single")
-    loader = TorchLoader(ds.map(with_image), num_workers=1, multiprocessing_context=worker_context())
+    loader = TorchLoader(
+        ds.map(with_image), num_workers=1, multiprocessing_context=worker_context(start_method)
+    )
     it = iter(loader)
     assert len(list(it)) == TOTAL
     it.close()

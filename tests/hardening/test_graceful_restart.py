@@ -2,13 +2,13 @@
 
 The remote is throttled, so downloads are in flight when the daemon stops: opens then get 503 shutting_down
 or find the socket gone, wait for the daemon to come back and open again. Three restarts in one epoch, with
-`daemon="required"` (no direct-read escape), in the trainer's process and through DataLoader workers; the
-samples are exactly those of an uninterrupted epoch, in the same order.
+`daemon="required"` (no direct-read escape), in the trainer's process and through DataLoader workers (forked,
+torch's default, and from the forkserver); the samples are exactly those of an uninterrupted epoch, in the
+same order.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,6 +22,7 @@ from shardcache.daemon_client import DaemonClient
 from tests.hardening.faultproxy import proxy_env
 from tests.support.daemon_api import api
 from tests.support.polling import wait_for
+from tests.support.start_methods import worker_context
 
 RESTARTS = 3
 SHARDS, SAMPLES = 16, 4
@@ -86,13 +87,6 @@ def throttled_daemon(make_bucket, fault_proxy, daemon_factory, short_tmp: Path):
     return shards, str(socket), start
 
 
-def worker_context() -> Any:
-    """Forkserver workers (the pytest process may have imported lance, which warns at every fork)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.utils.data", "shardcache", "shardcache.sources.tars"])
-    return context
-
-
 def uninterrupted(urls: list[str], ctx: RuntimeContext) -> list[str]:
     return [s["__key__"] for s in Dataset.from_source("tars", urls, daemon=None, context=ctx).iter_context()]
 
@@ -118,7 +112,7 @@ def test_three_graceful_restarts_in_an_epoch_yield_the_uninterrupted_samples(  #
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_three_graceful_restarts_under_dataloader_workers_yield_the_uninterrupted_samples(  # type: ignore[no-untyped-def]
-    make_bucket, fault_proxy, daemon_factory, short_tmp
+    make_bucket, fault_proxy, daemon_factory, short_tmp, start_method
 ) -> None:
     pytest.importorskip("torch")
     from shardcache import TorchLoader
@@ -128,7 +122,7 @@ def test_three_graceful_restarts_under_dataloader_workers_yield_the_uninterrupte
     client = DaemonClient(socket, required=True, restart_wait_s=60)
     ds = Dataset.from_source("tars", shards.s3_urls, daemon=client, context=ctx)
     loader = TorchLoader(
-        ds, num_workers=2, batch_size=2, collate_fn=list, multiprocessing_context=worker_context()
+        ds, num_workers=2, batch_size=2, collate_fn=list, multiprocessing_context=worker_context(start_method)
     )
     restarter = Restarter(start, at=[2 * SAMPLES + 1, 6 * SAMPLES + 1, 10 * SAMPLES + 1])
 
@@ -141,8 +135,8 @@ def test_three_graceful_restarts_under_dataloader_workers_yield_the_uninterrupte
         num_workers=2,
         batch_size=2,
         collate_fn=list,
-        # spawn, not the session's forkserver: that server may have started before this session's S3
-        # credentials were in the environment, and these direct reads need them.
-        multiprocessing_context="spawn",
+        # Not the session's forkserver: that server may have started before this session's S3 credentials
+        # were in the environment, and these direct reads need them. Forked workers inherit them.
+        multiprocessing_context="spawn" if start_method == "forkserver" else worker_context(start_method),
     )
     assert got == [s["__key__"] for batch in direct for s in batch]

@@ -8,7 +8,6 @@ parallel, stopped together) and `rank_process_context` (what rank processes star
 
 from __future__ import annotations
 
-import multiprocessing
 import shutil
 import tempfile
 from collections import Counter
@@ -21,6 +20,7 @@ import httpx
 
 from shardcache.shards import ShardRef
 from tests.support.devservers import Daemon, start_daemon
+from tests.support.start_methods import DEFAULT, process_context
 
 SHARDS = 48
 
@@ -124,9 +124,9 @@ class NodeSet:
         shutil.rmtree(self.sockets, ignore_errors=True)
 
 
-def rank_process_context() -> Any:
-    """forkserver with shardcache preloaded (the same preload as the client tests' DataLoader workers): rank
-    processes start cheaply and without inheriting the test process's threads."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.utils.data", "shardcache", "shardcache.sources.tars"])
-    return context
+def rank_process_context(method: str = DEFAULT) -> Any:
+    """The multiprocessing context rank processes start from: by default multiprocessing's default (fork on
+    Linux), like DataLoader workers a user starts without choosing, so a rank inherits a process that has
+    already imported shardcache and talked to daemons. The cluster tests run only this one: each takes
+    about 10 s, and the start methods are covered by the loader tests (tests/support/start_methods.py)."""
+    return process_context(method)
