@@ -23,6 +23,8 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_cluster", [], ["--quick"]),
     ("bench.bench_cluster_daemons", [], ["--quick"]),
     ("bench.bench_disk_full", [], ["--repeats", "1"]),
+    ("bench.bench_loader", [], ["--quick"]),
+    ("bench.bench_hangs", ["--runs", "50"], ["--runs", "2", "--methods", "fork"]),
 ]
 
 

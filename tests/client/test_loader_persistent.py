@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import gc
 import json
-import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ import pytest
 
 from tests.client.pipeline_support import make_tars
 from tests.support.polling import wait_for
+from tests.support.start_methods import worker_context
 
 pytest.importorskip("torch.utils.data")
 
@@ -96,13 +96,6 @@ def pids_of(items: list[tuple[str, int]]) -> set[int]:
 
 def all_gone(pids: set[int]) -> Callable[[], bool]:
     return lambda: not any(psutil.pid_exists(pid) for pid in pids)
-
-
-def forkserver() -> Any:
-    """A forkserver context, torch and shardcache preloaded (cheap worker starts; the pipeline pickles)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch.utils.data", "shardcache", "shardcache.sources.tars"])
-    return context
 
 
 def test_persistent_workers_are_the_default_and_keep_their_processes_across_epochs(tars: list[str]) -> None:
@@ -361,7 +354,9 @@ def test_worker_only_arguments_are_ignored_without_workers(tars: list[str], run_
 
 
 def test_persistent_forkserver_workers_get_each_epochs_order(tars: list[str]) -> None:
-    loader = TorchLoader(pid_tagged(tars), num_workers=NUM_WORKERS, multiprocessing_context=forkserver())
+    loader = TorchLoader(
+        pid_tagged(tars), num_workers=NUM_WORKERS, multiprocessing_context=worker_context("forkserver")
+    )
     try:
         runs = epochs(loader)
     finally:

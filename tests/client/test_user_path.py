@@ -62,9 +62,9 @@ def assert_every_epoch_whole(output: str, persistent: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("persistent", ["false", "true"])
 @pytest.mark.parametrize("daemon_state", ["running", "absent", "restarted"])
-@pytest.mark.parametrize("start_method", ["default", "forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["default", "forkserver", "spawn"])
 def test_the_plain_script_finishes_every_epoch(
-    start_method: str,
+    method: str,
     daemon_state: str,
     persistent: str,
     shard_pattern: str,
@@ -72,10 +72,11 @@ def test_the_plain_script_finishes_every_epoch(
     short_tmp: Path,
     tmp_path: Path,
 ) -> None:
-    args = ["--start-method", start_method, "--persistent", persistent]
+    args = ["--start-method", method, "--persistent", persistent]
     allow = [str(Path(shard_pattern).parent)]
     if daemon_state == "absent":
-        done = run_watched(script(shard_pattern, str(short_tmp / "absent.sock"), *args), RUN_TIMEOUT_S, cwd=REPO)
+        absent = str(short_tmp / "absent.sock")
+        done = run_watched(script(shard_pattern, absent, *args), RUN_TIMEOUT_S, cwd=REPO)
         assert done.returncode == 0, done.stdout
         assert "reading shards directly" in done.stdout
     elif daemon_state == "running":
