@@ -3,18 +3,20 @@
 `RuntimeContext.slot` / `total_slots` decide which shards a reader gets. With a `DataLoadMesh` the slot
 comes from the data-parallel rank only, so tensor-parallel co-members read identical data.
 
-Nodes: `local_world_size` ranks share a node (torchrun's LOCAL_WORLD_SIZE), so rank r runs on node
-r // local_world_size. Node placement (`shardcache.sources.partition`) gives each node a fixed share of the
-data so its daemon's cache keeps serving it; it groups data-parallel ranks, not global ranks: the data
-"node groups" are gcd(num_nodes, dp_size) contiguous blocks of dp ranks. With the usual mesh (dp outer,
-tensor/pipeline parallel inside a node) that is exactly one group per node. When a model-parallel group
-spans nodes, several nodes serve one data-parallel rank: they form one group, read the same shards and
-each caches them (its daemon still keeps them across epochs).
+Nodes: `local_world_size` ranks share a node (torchrun's LOCAL_WORLD_SIZE), `num_nodes` =
+world_size // local_world_size of them; rank r runs on node `node_rank` (r // local_world_size unless
+given, as torchrun numbers ranks). Node placement (`shardcache.sources.partition`) gives each node a fixed
+share of the data so its daemon's cache keeps serving it; it groups data-parallel ranks, not global ranks:
+the data "node groups" are gcd(num_nodes, dp_size) contiguous blocks of dp ranks. With the usual mesh
+(dp outer, tensor/pipeline parallel inside a node) that is exactly one group per node. When a
+model-parallel group spans nodes, several nodes serve one data-parallel rank: they form one group, read the
+same shards and each caches them (its daemon still keeps them across epochs).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -128,6 +130,11 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from exc
 
 
+def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    return None if raw is None or raw == "" else _env_int(env, name, 0)
+
+
 def _torch_worker_info() -> tuple[int, int] | None:
     # Only consult torch when it is already imported: importing it here would cost seconds for nothing.
     data = sys.modules.get("torch.utils.data")
@@ -155,61 +162,162 @@ def _torch_dist_rank() -> tuple[int, int] | None:
     return None if dist is None else (int(dist.get_rank()), int(dist.get_world_size()))
 
 
-@dataclass(frozen=True)
+_INT_FIELDS = (
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "worker_id",
+    "num_workers",
+    "epoch",
+    "seed",
+)
+
+
+def _as_int(name: str, value: Any) -> int:
+    """`value` as an int (anything with `__index__`, not a bool), else ConfigError naming `name`."""
+    if isinstance(value, bool):
+        raise ConfigError(f"RuntimeContext({name}={value!r}): expected an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"RuntimeContext({name}={value!r}): expected an integer") from None
+
+
+def _check_range(name: str, value: int, low: int, high: int | None = None, bound: str = "") -> None:
+    """ConfigError naming `name` unless low <= value (< high, the field `bound`)."""
+    if value < low:
+        raise ConfigError(f"RuntimeContext({name}={value}): must be >= {low}")
+    if high is not None and value >= high:
+        raise ConfigError(f"RuntimeContext({name}={value}): must be in [{low}, {bound}={high})")
+
+
+def _node_sizes(world_size: int, local_world_size: int | None, num_nodes: int | None) -> tuple[int, int]:
+    """(local_world_size, num_nodes), each derived from the other when not given; they must multiply to
+    world_size (every node runs the same number of ranks)."""
+    if num_nodes is not None:
+        _check_range("num_nodes", num_nodes, 1)
+    if local_world_size is None:
+        if num_nodes is None:
+            return world_size, 1
+        if world_size % num_nodes:
+            raise ConfigError(
+                f"RuntimeContext(num_nodes={num_nodes}): must divide world_size={world_size} (every node "
+                "runs the same number of ranks)"
+            )
+        return world_size // num_nodes, num_nodes
+    _check_range("local_world_size", local_world_size, 1)
+    if world_size % local_world_size:
+        raise ConfigError(
+            f"RuntimeContext(local_world_size={local_world_size}): must divide world_size={world_size} "
+            "(ranks per node; every node runs the same number of ranks)"
+        )
+    derived = world_size // local_world_size
+    if num_nodes is not None and num_nodes != derived:
+        raise ConfigError(
+            f"RuntimeContext(num_nodes={num_nodes}): must be world_size // local_world_size = "
+            f"{world_size} // {local_world_size} = {derived}, or left out to be derived"
+        )
+    return local_world_size, derived
+
+
+@dataclass(frozen=True, init=False)
 class RuntimeContext:
-    """Rank, worker, seed, epoch and mesh of one reader.
+    """Rank, node, worker, epoch, seed and mesh of one reader (mvp-dataset 0.2.3's fields, in its order).
+
+    The node layout (`local_rank`, `local_world_size`, `node_rank`, `num_nodes`) is derived from what is
+    given, as torchrun numbers ranks (rank = node_rank × local_world_size + local_rank):
+
+    - nothing: one node of `world_size` ranks;
+    - `local_world_size`: `num_nodes = world_size // local_world_size` (it must divide world_size);
+    - `num_nodes`: `local_world_size = world_size // num_nodes` (it must divide world_size);
+    - `local_rank` / `node_rank`: default to rank % local_world_size and rank // local_world_size.
+
+    Both layout sizes given must agree (`num_nodes × local_world_size == world_size`): node placement
+    (`shardcache.sources.partition`) gives each of the `num_nodes` nodes a fixed share of the data.
 
     Args:
         rank: Global rank of this process.
         world_size: Number of ranks.
+        local_rank: This rank's index on its node (torchrun's LOCAL_RANK).
+        local_world_size: Ranks per node (torchrun's LOCAL_WORLD_SIZE).
+        node_rank: The node this rank runs on (NODE_RANK).
+        num_nodes: Number of nodes.
         worker_id: DataLoader worker index within this rank.
         num_workers: DataLoader workers per rank (1 when iterating in the main process).
-        seed: Base seed of every shuffle.
         epoch: Epoch; shard orders and shuffles are deterministic from (seed, epoch).
+        seed: Base seed of every shuffle.
         mesh: Optional data-parallel mesh; slots then count data-parallel ranks only.
-        local_world_size: Ranks per node (None: all ranks on one node). torchrun's LOCAL_WORLD_SIZE.
+
+    Raises:
+        ConfigError: (a ValueError) a value out of range or a node layout that does not add up; the
+            message names the field.
+
+    Example:
+        >>> RuntimeContext(rank=5, world_size=8, local_world_size=4).node_rank
+        1
     """
 
-    rank: int = 0
-    world_size: int = 1
-    worker_id: int = 0
-    num_workers: int = 1
-    seed: int = 0
-    epoch: int = 0
-    mesh: DataLoadMesh | None = None
-    local_world_size: int | None = None
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    worker_id: int
+    num_workers: int
+    epoch: int
+    seed: int
+    mesh: DataLoadMesh | None
 
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ConfigError(f"RuntimeContext(world_size={self.world_size}): must be >= 1")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(
-                f"RuntimeContext(rank={self.rank}): must be in [0, world_size={self.world_size})"
-            )
-        if self.num_workers < 1:
-            raise ConfigError(f"RuntimeContext(num_workers={self.num_workers}): must be >= 1")
-        if not 0 <= self.worker_id < self.num_workers:
-            raise ConfigError(
-                f"RuntimeContext(worker_id={self.worker_id}): must be in [0, num_workers={self.num_workers})"
-            )
-        if self.epoch < 0:
-            raise ConfigError(f"RuntimeContext(epoch={self.epoch}): must be >= 0")
-        lws = self.local_world_size
-        if lws is not None and (lws < 1 or self.world_size % lws):
-            raise ConfigError(
-                f"RuntimeContext(local_world_size={lws}): must be >= 1 and divide world_size="
-                f"{self.world_size} (ranks per node; every node runs the same number of ranks)"
-            )
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        node_rank: int | None = None,
+        num_nodes: int | None = None,
+        worker_id: int = 0,
+        num_workers: int = 1,
+        epoch: int = 0,
+        seed: int = 0,
+        mesh: DataLoadMesh | None = None,
+    ) -> None:
+        rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
+        worker_id, num_workers = _as_int("worker_id", worker_id), _as_int("num_workers", num_workers)
+        epoch, seed = _as_int("epoch", epoch), _as_int("seed", seed)
+        _check_range("world_size", world_size, 1)
+        _check_range("rank", rank, 0, world_size, "world_size")
+        _check_range("num_workers", num_workers, 1)
+        _check_range("worker_id", worker_id, 0, num_workers, "num_workers")
+        _check_range("epoch", epoch, 0)
+        lws, nodes = _node_sizes(
+            world_size,
+            None if local_world_size is None else _as_int("local_world_size", local_world_size),
+            None if num_nodes is None else _as_int("num_nodes", num_nodes),
+        )
+        local = rank % lws if local_rank is None else _as_int("local_rank", local_rank)
+        node = rank // lws if node_rank is None else _as_int("node_rank", node_rank)
+        _check_range("local_rank", local, 0, lws, "local_world_size")
+        _check_range("node_rank", node, 0, nodes, "num_nodes")
+        values = (rank, world_size, local, lws, node, nodes, worker_id, num_workers, epoch, seed)
+        for name, value in zip(_INT_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "mesh", mesh)
+
+    def identity(self) -> dict[str, object]:
+        """What names this reader across processes (mvp-dataset's): rank, world_size, seed and the mesh's
+        dp_rank/dp_size (None without a mesh). Workers, epoch and the node layout are not part of it."""
+        mesh = None if self.mesh is None else {"dp_rank": self.mesh.dp_rank, "dp_size": self.mesh.dp_size}
+        return {"rank": self.rank, "world_size": self.world_size, "seed": self.seed, "mesh": mesh}
 
     @property
     def node(self) -> int:
-        """The node this rank runs on: rank // local_world_size."""
-        return self.rank // (self.local_world_size or self.world_size)
-
-    @property
-    def num_nodes(self) -> int:
-        """Number of nodes: world_size // local_world_size (1 when local_world_size is not set)."""
-        return self.world_size // (self.local_world_size or self.world_size)
+        """The node this rank runs on (`node_rank`); balance's `topology="node"` prefers donors on it."""
+        return self.node_rank
 
     @property
     def node_groups(self) -> int:
@@ -272,17 +380,24 @@ class RuntimeContext:
         device_mesh: Any = None,
         dp_dims: str | Sequence[str] | None = None,
     ) -> RuntimeContext:
-        """A context from torch.distributed and worker info, else RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, WORKER,
-        NUM_WORKERS.
+        """A context from torch.distributed and DataLoader worker info, else the launcher's environment.
+
+        Variables (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, WORKER,
+        NUM_WORKERS. num_nodes is WORLD_SIZE // LOCAL_WORLD_SIZE; LOCAL_RANK and NODE_RANK default to
+        rank % LOCAL_WORLD_SIZE and rank // LOCAL_WORLD_SIZE. Without LOCAL_WORLD_SIZE, or when it does not
+        divide the world size, the job counts as one node (LOCAL_RANK and NODE_RANK are then not used).
 
         Args:
             base: Inherit seed, epoch and mesh from this context.
             seed: Base seed (ignored when `base` is given).
             env: Environment to read (default `os.environ`).
-            prefer_torch: Let live torch values override the environment.
+            prefer_torch: Let live torch values (rank, world size, worker) override the environment.
             mesh: A ready `DataLoadMesh`.
             device_mesh: A torch `DeviceMesh`, wrapped with `dp_dims`.
             dp_dims: Data-parallel dimension names of `device_mesh`.
+
+        Raises:
+            ConfigError: a variable that is not an integer or out of range (named in the message).
         """
         if mesh is not None and (device_mesh is not None or dp_dims is not None):
             raise ConfigError(
@@ -299,7 +414,6 @@ class RuntimeContext:
         source = os.environ if env is None else env
         rank = _env_int(source, "RANK", 0)
         world_size = _env_int(source, "WORLD_SIZE", 1)
-        local_world_size: int | None = _env_int(source, "LOCAL_WORLD_SIZE", 0) or None
         worker_id = _env_int(source, "WORKER", 0)
         num_workers = _env_int(source, "NUM_WORKERS", 1)
         if prefer_torch:
@@ -309,8 +423,23 @@ class RuntimeContext:
             info = _torch_worker_info()
             if info is not None:
                 worker_id, num_workers = info
-        if base is not None and base.local_world_size is not None:
-            local_world_size = base.local_world_size
-        if local_world_size is not None and world_size % local_world_size:
+        local_world_size: int | None = _env_int(source, "LOCAL_WORLD_SIZE", 0) or None
+        local_rank: int | None = None
+        node_rank: int | None = None
+        if local_world_size is not None and (local_world_size < 1 or world_size % local_world_size):
             local_world_size = None  # an inconsistent environment: treat the job as one node
-        return cls(rank, world_size, worker_id, num_workers, seed, epoch, mesh, local_world_size)
+        if local_world_size is not None:
+            local_rank = _env_optional_int(source, "LOCAL_RANK")
+            node_rank = _env_optional_int(source, "NODE_RANK")
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            epoch=epoch,
+            seed=seed,
+            mesh=mesh,
+        )

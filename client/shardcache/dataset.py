@@ -283,6 +283,13 @@ class Dataset:
 
     # -- iteration ------------------------------------------------------------------------------------------
 
+    @property
+    def context(self) -> RuntimeContext:
+        """The RuntimeContext this dataset reads with (mvp-dataset's `Dataset.context`): the one given to
+        `from_source` (or a mix), else the one inferred now from torch.distributed, the DataLoader worker and
+        the environment; with the epoch of `set_epoch`. The same as `resolve_context()`."""
+        return self.resolve_context()
+
     def resolve_context(self, context: RuntimeContext | None = None) -> RuntimeContext:
         """The context an iteration uses: explicit (adjusted to the torch worker running it) or inferred."""
         explicit = context if context is not None else self._source.context

@@ -41,6 +41,7 @@ from shardcache.cache.store import (
     write_json_atomic,
 )
 from shardcache.cache.writer import _lance, write_rows
+from shardcache.context import RuntimeContext
 from shardcache.errors import CacheError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -193,8 +194,10 @@ def _build_part(
     label = f"part-{slots}-{index}"
     tmp = entry.new_tmp(label)
     started = time.monotonic()
-    part_context = dataclasses.replace(
-        context, rank=index, world_size=slots, worker_id=0, num_workers=1, epoch=0, mesh=None
+    # Data-parallel rank `index` of `slots`, in the trainer's node groups (part r holds its node's share);
+    # no workers, epoch 0. Not replace(): the trainer's node layout counts global ranks, not `slots`.
+    part_context = RuntimeContext(
+        rank=index, world_size=slots, num_nodes=context.node_groups, seed=context.seed
     )
     rows = iterate_part(pre, part_context, opts.cache_num_workers)
     result = write_rows(
