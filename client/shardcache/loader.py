@@ -11,16 +11,23 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, UnsupportedResume
 from shardcache.loader_resume import STATE_VERSION as STATE_VERSION
 from shardcache.loader_resume import LoaderRuntime, check_loaded, header, resume_start
 from shardcache.loader_resume import fingerprint as loader_fingerprint
-from shardcache.loader_stream import EpochOrder, MergeNode, WorkerHome, WorkerLauncher, WorkerStream
+from shardcache.loader_stream import (
+    EpochOrder,
+    MergeNode,
+    WorkerHome,
+    WorkerLauncher,
+    WorkerStream,
+    passthrough,
+)
 from shardcache.loader_watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.stages import Node, Stage, builders
 
@@ -28,8 +35,8 @@ if TYPE_CHECKING:
     from shardcache.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
-# DataLoader arguments torch refuses without worker processes; dropped (with a debug line) when
-# num_workers=0, so one set of arguments serves both.
+# DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
+# workers); dropped (with a debug line) when num_workers=0, so one set of arguments serves both.
 _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
 
 
@@ -121,11 +128,16 @@ class TorchLoader:
     assembler without its own state re-reads from the epoch start).
 
     Args:
-        dataset: The pipeline each worker iterates (its slot comes from rank and worker id).
+        dataset: The pipeline each worker iterates (its slot comes from rank and worker id). Any other
+            iterable is accepted as mvp-dataset does: every worker iterates all of it (torch's
+            IterableDataset rule: split it by `torch.utils.data.get_worker_info()` yourself), the
+            loader-side stages run in a context from `RuntimeContext.from_runtime()` (or the iterable's
+            own `context`), and it does not resume (`state_dict()` raises UnsupportedResume).
         num_workers: DataLoader worker processes (0: iterate in the main process).
         batch_size: Worker-side batch size (None: samples pass one by one).
         collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
-            `default_collate` for batches and `default_convert` for single samples, as in DataLoader.
+            `default_collate` for batches, and samples as they are without a batch size (numpy arrays stay
+            numpy, as in mvp-dataset; a plain DataLoader would make them tensors).
         stall_warning_s: Seconds the main process may wait for an item before one warning names the
             worker it waits for and where every worker is (`shardcache.loader_watchdog`); 0 or None turns
             it off. Default: `SHARDCACHE_STALL_WARNING_S`, else 300.
@@ -150,7 +162,7 @@ class TorchLoader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset | Iterable[Any],
         num_workers: int = 0,
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -160,13 +172,15 @@ class TorchLoader:
         **loader_kwargs: Any,
     ) -> None:
         _torch_data()
-        if not isinstance(dataset, Dataset):
-            raise ConfigError(f"dataset={dataset!r}: expected a shardcache.Dataset")
+        if not isinstance(dataset, (Dataset, Iterable)):
+            raise ConfigError(f"dataset={dataset!r}: expected a shardcache.Dataset or an iterable")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"num_workers={num_workers!r}: expected an integer >= 0")
         if batch_size is not None:
             builders.positive_int("batch_size", batch_size)
-        self.dataset = dataset
+        # A plain iterable: only `__iter__` and `set_epoch` look at it, through `_plain` and `_pipeline()`.
+        self.dataset = cast(Dataset, dataset)
+        self._plain: Iterable[Any] | None = None if isinstance(dataset, Dataset) else dataset
         self.num_workers = num_workers
         self.batch_size = batch_size
         self.collate_fn = collate_fn
@@ -214,7 +228,10 @@ class TorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the dataset's epoch (reaches workers started after this call)."""
-        self.dataset.set_epoch(epoch)
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if not callable(set_epoch):
+            raise ConfigError(f"TorchLoader.set_epoch: the dataset {self.dataset!r} has no set_epoch")
+        set_epoch(epoch)
 
     def close(self) -> None:
         """Stop the persistent workers now and end the current iteration (the next one starts anew)."""
@@ -229,12 +246,23 @@ class TorchLoader:
 
     # -- resume ---------------------------------------------------------------------------------------------
 
+    def _pipeline(self) -> Dataset:
+        """The shardcache Dataset; UnsupportedResume for a plain iterable, which has no state."""
+        if self._plain is not None:
+            raise UnsupportedResume(
+                f"TorchLoader over {type(self._plain).__name__}: only a shardcache.Dataset resumes "
+                "(state_dict/load_state_dict); build the pipeline with Dataset.from_source"
+            )
+        return self.dataset
+
     def fingerprint(self) -> str:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
+        self._pipeline()
         return loader_fingerprint(self, self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the most recent iteration (or the state loaded and not yet used)."""
+        self._pipeline()
         return self._runtime.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -244,6 +272,7 @@ class TorchLoader:
             StateError: a state of another version, pipeline, batching or stage list, or taken with another
                 num_workers or data-parallel layout.
         """
+        self._pipeline()
         check_loaded(self, state)
         self._runtime.pending = state
 
@@ -283,6 +312,8 @@ class TorchLoader:
         return kwargs
 
     def __iter__(self) -> LoaderIterator:
+        if self._plain is not None:
+            return self._iter_plain(self._plain)
         ctx = self.dataset.resolve_context()
         # Counted once here, in the main process; the workers get the counts with the epoch's order.
         self.dataset.count_samples()
@@ -311,6 +342,19 @@ class TorchLoader:
         self._runtime.iterator = iterator
         return iterator
 
+    def _iter_plain(self, iterable: Iterable[Any]) -> LoaderIterator:
+        """An iteration over a plain iterable: a DataLoader over it, then the loader-side stages."""
+        own = getattr(iterable, "context", None)
+        ctx = own if isinstance(own, RuntimeContext) else RuntimeContext.from_runtime()
+        drop_last = bool(self.loader_kwargs.get("drop_last", False))
+        stream = _PlainStream(iterable, self.batch_size, self.collate_fn, drop_last)
+        node: Node = _PlainNode(stream, self.num_workers, self._dataloader_kwargs())
+        for stage in self.stages:
+            node = stage.node(node, ctx)
+        iterator = _PlainIterator(node, {})
+        self._runtime.iterator = iterator
+        return iterator
+
     def _watchdog(self, merge: MergeNode, run_dir: str | None) -> StallWatchdog | None:
         """The stall watchdog of one iteration (`shardcache.loader_watchdog`), None when turned off."""
         after = self.stall_warning_s
@@ -329,7 +373,7 @@ class TorchLoader:
         dummy_factory: Callable[[RuntimeContext], Any] | None = None,
         buffer_size: int = 32,
         chunk_size: int = 16,
-        max_transfer_per_round: int = 8,
+        max_transfer_per_round: int = 16,
         topology: str = "node",
         process_group: Any = None,
         device_process_group: Any = None,
@@ -346,3 +390,72 @@ class TorchLoader:
             device_process_group,
         )
         return self._add(stage)
+
+
+class _PlainStream:
+    """What the DataLoader iterates over a plain iterable: all of it in each worker, batched as `WorkerStream`
+    batches (samples as they are without a batch size)."""
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        batch_size: int | None,
+        collate_fn: Callable[[Any], Any] | None,
+        drop_last: bool,
+    ) -> None:
+        self.iterable = iterable
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[Any]:
+        size, collate = self.batch_size, self.collate_fn
+        if size is None:
+            yield from (iter(self.iterable) if collate is None else map(collate, self.iterable))
+            return
+        collate = collate if collate is not None else _torch_data().default_collate
+        batch: list[Any] = []
+        for sample in self.iterable:
+            batch.append(sample)
+            if len(batch) == size:
+                yield collate(batch)
+                batch = []
+        if batch and not self.drop_last:
+            yield collate(batch)
+
+
+class _PlainNode(Node):
+    """A DataLoader over a `_PlainStream`, as the first node of the loader-side stages; it has no state."""
+
+    def __init__(self, stream: _PlainStream, num_workers: int, loader_kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.num_workers = num_workers
+        self.loader_kwargs = loader_kwargs
+
+    def gen(self) -> Iterator[Any]:
+        data = _torch_data()
+        if not issubclass(_PlainStream, data.IterableDataset):
+            data.IterableDataset.register(_PlainStream)  # torch is imported lazily (see `_dataloader`)
+        dataset: Any = self.stream
+        loader = data.DataLoader(
+            dataset,
+            num_workers=self.num_workers,
+            batch_size=None,
+            collate_fn=passthrough,
+            **self.loader_kwargs,
+        )
+        yield from loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # no position: stages above read it while they run; `_PlainIterator` refuses to save
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise UnsupportedResume("TorchLoader over a plain iterable: only a shardcache.Dataset resumes")
+
+
+class _PlainIterator(LoaderIterator):
+    """One pass of a TorchLoader over a plain iterable: it has no state to save."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise UnsupportedResume("TorchLoader over a plain iterable: only a shardcache.Dataset resumes")

@@ -78,7 +78,7 @@ class WorkerStream:
     Args:
         dataset: The pipeline; each worker iterates a private copy.
         batch_size: Worker-side batch size (None: one sample per payload).
-        collate_fn: Worker-side collate (None: torch's default_collate for batches, default_convert else).
+        collate_fn: Worker-side collate (None: torch's default_collate for batches, samples as they are else).
         drop_last: Drop a worker's last incomplete batch.
         order: The epoch, start states and exhausted workers of this iteration.
         run_dir: The loader's run directory: workers register their stack dumps there (the stall
@@ -137,9 +137,10 @@ class WorkerStream:
         try:
             size = self.batch_size
             if size is None:
-                convert = self.collate_fn if self.collate_fn is not None else data.default_convert
+                # Without a collate_fn samples pass as they are (numpy stays numpy), as in mvp-dataset.
+                convert = self.collate_fn
                 for sample in iterator:
-                    yield wid, convert(sample), snapshot(), False
+                    yield wid, sample if convert is None else convert(sample), snapshot(), False
             else:
                 collate = self.collate_fn if self.collate_fn is not None else data.default_collate
                 batch: list[Any] = []

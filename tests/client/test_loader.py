@@ -109,3 +109,84 @@ def test_explicit_context_counts_dataloader_workers(tars: list[str], start_metho
     rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, multiprocessing_context=workers)]
     assert len(got) == len(rest) == 10  # 2 ranks x 2 workers = 4 slots, one shard of 5 each
     assert len(set(got) | set(rest)) == 20
+
+
+# -- mvp-dataset 0.2.3: sample mode keeps samples as they are, plain iterables ------------------------------
+
+
+def as_array(sample: dict[str, Any]) -> Any:
+    import numpy as np
+
+    return np.array(list(sample["__key__"].encode()), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sample_mode_without_collate_fn_keeps_numpy_arrays(
+    tars: list[str], start_method: str, num_workers: int
+) -> None:
+    import numpy as np
+
+    ds = Dataset.from_source("tars", tars, daemon=None).map(as_array)
+    context = worker_context(start_method) if num_workers else None
+    items = list(TorchLoader(ds, num_workers=num_workers, multiprocessing_context=context))
+    assert len(items) == 20 and all(type(item) is np.ndarray for item in items)
+
+
+def test_worker_batches_without_collate_fn_still_use_default_collate(tars: list[str]) -> None:
+    import torch
+
+    ds = Dataset.from_source("tars", tars, daemon=None).map(as_array)
+    batches = list(TorchLoader(ds, batch_size=4))
+    assert len(batches) == 5 and all(isinstance(b, torch.Tensor) and b.shape[0] == 4 for b in batches)
+
+
+class Epochs:
+    """A plain iterable with set_epoch: yields (epoch, i)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        return iter([(self.epoch, i) for i in range(3)])
+
+
+def test_a_plain_iterable_passes_through_the_loader_and_its_stages() -> None:
+    import numpy as np
+
+    assert list(TorchLoader([1, 2, 3])) == [1, 2, 3]
+    assert list(TorchLoader(range(5), batch_size=2, collate_fn=identity).unbatch().batch(3)) == [
+        [0, 1, 2],
+        [3, 4],
+    ]
+    assert list(TorchLoader(x for x in (4, 5)).map(lambda x: x * 2)) == [8, 10]
+    (array,) = TorchLoader([np.arange(3)])
+    assert type(array) is np.ndarray
+    loader = TorchLoader(Epochs())
+    loader.set_epoch(2)
+    assert list(loader) == [(2, 0), (2, 1), (2, 2)]
+
+
+def test_every_worker_iterates_all_of_a_plain_iterable(start_method: str) -> None:
+    loader = TorchLoader(list(range(4)), num_workers=2, multiprocessing_context=worker_context(start_method))
+    assert Counter(loader) == {i: 2 for i in range(4)}
+
+
+def test_a_plain_iterable_does_not_resume() -> None:
+    from shardcache import UnsupportedResume
+
+    loader = TorchLoader([1, 2, 3]).shuffle(2)
+    it = iter(loader)
+    next(it)
+    for call in (loader.state_dict, it.state_dict, loader.fingerprint, lambda: loader.load_state_dict({})):
+        with pytest.raises(UnsupportedResume, match="only a shardcache.Dataset resumes"):
+            call()
+
+
+def test_set_epoch_needs_a_dataset_that_has_one() -> None:
+    from shardcache import ConfigError
+
+    with pytest.raises(ConfigError, match="set_epoch"):
+        TorchLoader([1, 2]).set_epoch(1)

@@ -45,7 +45,10 @@ def test_a_bad_loader_stage_argument_is_the_same_config_error(dataset: Dataset, 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"dataset": [1, 2]}, "expected a shardcache.Dataset"), ({"num_workers": -1}, "num_workers=-1")],
+    [
+        ({"dataset": 42}, "expected a shardcache.Dataset or an iterable"),
+        ({"num_workers": -1}, "num_workers=-1"),
+    ],
 )
 def test_torch_loader_arguments_are_config_errors(
     dataset: Dataset, kwargs: dict[str, Any], message: str
@@ -55,3 +58,14 @@ def test_torch_loader_arguments_are_config_errors(
 
     with pytest.raises(ConfigError, match=message):
         TorchLoader(**{"dataset": dataset, **kwargs})
+
+
+def test_balance_sends_at_most_16_items_per_rank_and_chunk_by_default(dataset: Dataset) -> None:
+    """mvp-dataset's default max_transfer_per_round, on TorchLoader.balance and its builder."""
+    pytest.importorskip("torch.utils.data")
+    from shardcache import TorchLoader
+    from shardcache.stages import builders
+
+    assert builders.balance_stage().max_transfer_per_round == 16
+    (stage,) = TorchLoader(dataset).balance().stages
+    assert getattr(stage, "max_transfer_per_round", None) == 16

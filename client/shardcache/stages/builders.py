@@ -76,7 +76,7 @@ def balance_stage(
     dummy_factory: Callable[[RuntimeContext], Any] | None = None,
     buffer_size: int = 32,
     chunk_size: int = 16,
-    max_transfer_per_round: int = 8,
+    max_transfer_per_round: int = 16,
     topology: str = "node",
     process_group: Any = None,
     device_process_group: Any = None,
