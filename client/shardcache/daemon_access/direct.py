@@ -1,7 +1,7 @@
 """Reading shards without the daemon, and the message for a shard too big for its cache.
 
 Every direct read goes through `open_direct`: `daemon=None`, an `auto` client while no daemon answers (see
-`shardcache.availability`), a shard the cache cannot hold (`cannot_fit`), and every shard for a while after
+`availability`), a shard the cache cannot hold (`cannot_fit`), and every shard for a while after
 the daemon's cache filesystem was found full (`DiskFullMemory`).
 """
 
