@@ -7,6 +7,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY daemon ./daemon
 COPY client ./client
+COPY protocol ./protocol
 RUN python -m venv /opt/shardcache \
  && /opt/shardcache/bin/pip install ".[daemon]"
 

@@ -44,7 +44,7 @@ from typing import Any
 import boto3
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.shards import ShardRef
 from shardcache.sources.partition import owners, weights_of
 from tests.support.cluster import Node, NodeSet, rank_process_context

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import shardcache
-from shardcache.daemon_client import DaemonClient
-from shardcache.direct import open_direct
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.direct import open_direct
 from tests.support.daemon_api import metric
 from tests.support.devservers import start_daemon
 

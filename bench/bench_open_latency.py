@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from tests.support.devservers import start_daemon
 
 HEADER = 512

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.compressed:
             contenders.update(compressed_contenders(root, paths))
         if args.daemon:
-            from shardcache.daemon_client import DaemonClient
+            from shardcache.daemon_access.daemon_client import DaemonClient
             from tests.support.devservers import start_daemon
 
             daemon = start_daemon(root / "d.sock", root / "cache", [str(root)], capacity="4GiB")

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from shardcache.context import DataLoadMesh, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.dataset import Dataset
 from shardcache.elastic import merge_states
 from shardcache.errors import (
@@ -38,6 +39,7 @@ __all__ = [
     "ShardError",
     "ShardcacheError",
     "StateError",
+    "Telemetry",
     "TorchLoader",
     "UnsupportedResume",
     "__version__",

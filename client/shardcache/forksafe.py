@@ -14,8 +14,9 @@ The rules, each held by a test in `tests/client/test_fork_safety.py`:
 1. **Nothing a worker runs imports lazily or builds an SSL context.** A child that imports a module
    another thread was importing at the fork waits on that module's import lock. So the client imports
    what its workers' code paths use when `shardcache` is imported (httpx, httpcore, certifi in
-   `shardcache.control`), and the control plane, which speaks plain HTTP over a Unix socket, hands httpx
-   one TLS context built at import (`NO_TLS`) instead of letting each transport build one.
+   `shardcache.daemon_access.control`), and the control plane, which speaks plain HTTP over a Unix
+   socket, hands httpx one TLS context built at import (`NO_TLS`) instead of letting each transport build
+   one.
 2. **Our background threads work inside `background_work()`**, and a fork (`os.register_at_fork`'s
    `before`) takes the same lock: a fork waits until they are idle (a telemetry report is bounded by its
    2 s timeout), and they wait while a fork happens. The lock is made anew in the child.

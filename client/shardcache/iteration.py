@@ -11,7 +11,7 @@ from shardcache.sources import SourceNode, SourceSpec
 from shardcache.stages import Node
 
 if TYPE_CHECKING:
-    from shardcache.telemetry import Telemetry
+    from shardcache.daemon_access.telemetry import Telemetry
 
 STATE_VERSION = 1
 
@@ -54,8 +54,8 @@ class PipelineIterator:
 
         `batched`: items are batches (count their samples); otherwise each item is one sample.
         """
+        from shardcache.daemon_access.telemetry import count_items, for_reader, timed_items
         from shardcache.sources.schedule import job_id
-        from shardcache.telemetry import count_items, for_reader, timed_items
 
         job = spec.options.get("job") or job_id([r.url for r in spec.shards], self.context.seed)
         source = self._source

@@ -32,7 +32,7 @@ from shardcache.loader_watchdog import _UNSET, StallWatchdog, describe_stall, st
 from shardcache.stages import Node, Stage, builders
 
 if TYPE_CHECKING:
-    from shardcache.telemetry import Telemetry
+    from shardcache.daemon_access.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
@@ -280,8 +280,8 @@ class TorchLoader:
 
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
+        from shardcache.daemon_access.telemetry import for_reader, items_are_batches
         from shardcache.sources.schedule import job_id
-        from shardcache.telemetry import for_reader, items_are_batches
 
         spec = self.dataset.source
         job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)

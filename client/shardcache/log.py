@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from shardcache.errors import ConfigError
+
 PACKAGE_LOGGER = "shardcache"
 
 
@@ -62,8 +64,6 @@ def set_logger(logger: LoggerLike | None) -> None:
         return
     for method in ("debug", "info", "warning", "error"):
         if not callable(getattr(logger, method, None)):
-            from shardcache.errors import ConfigError
-
             raise ConfigError(
                 f"set_logger(logger): the object has no callable {method}(); pass a logger-like object"
             )
@@ -85,8 +85,6 @@ def set_log_level(level: int | str) -> None:
     if isinstance(level, str):
         resolved = logging.getLevelName(level.upper())
         if not isinstance(resolved, int):
-            from shardcache.errors import ConfigError
-
             raise ConfigError(
                 f"set_log_level(level): unknown level {level!r}; use DEBUG, INFO, WARNING or ERROR"
             )

@@ -1,6 +1,6 @@
 """Trainer-side data-plane metrics: what clients report with `POST /v1/telemetry`, exported per job and slot.
 
-Clients (`shardcache.telemetry.Telemetry`) send, every few seconds, the samples they consumed, the seconds
+Clients (`shardcache.Telemetry`) send, every few seconds, the samples they consumed, the seconds
 their training step waited for the next item and the samples skipped as corrupt. The daemon adds them to
 `shardcache_client_*` counters labelled `training_job` and `slot`, so one dashboard shows trainer
 starvation next to the hit ratio. Labels stay bounded whatever clients send: only the `max_jobs` most

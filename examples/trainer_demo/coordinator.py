@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from trainer_demo.data import DemoDataset
 from trainer_demo.rank import EpochReport, RankConfig, run_rank
 from trainer_demo.stopping import ProgressWatch, Stalled, kill_group

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from shardcache.context import RuntimeContext
+from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.dataset import Dataset
-from shardcache.telemetry import Telemetry
 from trainer_demo.data import CLASSES, IMAGE_SHAPE
 from trainer_demo.stopping import become_group_leader, dump_stacks_on_sigusr1
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable, RemoteNotFound, ShardcacheError
 from shardcache.formatting import human_bytes
 from trainer_demo.coordinator import EXIT_WAIT_S, Coordinator

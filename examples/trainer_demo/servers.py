@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 
 FAKE_S3_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardcache.formatting import human_bytes
-from shardcache.protocol import Stats
+from shardcache_protocol import Stats
 from trainer_demo.rank import EpochReport
 
 HEADERS = (

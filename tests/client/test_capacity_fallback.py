@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import InsufficientCapacity
 from tests.support.shards import make_tar_shard
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from tests.support.devservers import Daemon, start_daemon
 from tests.support.shards import ShardSet, make_tar_shard
 

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import CorruptShardError
 from shardcache.shards import write_manifest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient, local_path_of, open_direct
+from shardcache.daemon_access.daemon_client import DaemonClient, local_path_of, open_direct
 from shardcache.errors import ConfigError, DaemonUnavailable
 from tests.support.shards import ShardSet
 

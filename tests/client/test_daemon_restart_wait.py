@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, DaemonUnavailable
 from tests.support.shards import ShardSet
 

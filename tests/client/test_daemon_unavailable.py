@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import cli
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable
 
 

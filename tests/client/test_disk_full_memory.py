@@ -1,7 +1,7 @@
 """After a 507 `cache_disk_full` an `auto` client reads directly for a bounded while, one warning an episode.
 
-The memory itself (`shardcache.direct.DiskFullMemory`) on a hand-driven clock; the real daemon on a full
-filesystem is in tests/hardening/test_disk_full_of_other_files.py.
+The memory itself (`shardcache.daemon_access.direct.DiskFullMemory`) on a hand-driven clock; the real daemon
+on a full filesystem is in tests/hardening/test_disk_full_of_other_files.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pickle
 
 import pytest
 
-from shardcache.daemon_client import DISK_FULL_RETRY_S, DaemonClient
-from shardcache.direct import DiskFullMemory
+from shardcache.daemon_access.daemon_client import DISK_FULL_RETRY_S, DaemonClient
+from shardcache.daemon_access.direct import DiskFullMemory
 from shardcache.errors import ConfigError, InsufficientCapacity
 
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from shardcache import forksafe
-from shardcache.control import NO_TLS, ControlClient
-from shardcache.daemon_client import DaemonClient
-from shardcache.direct import DiskFullMemory
+from shardcache.daemon_access.control import NO_TLS, ControlClient
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.direct import DiskFullMemory
 from tests.client.pipeline_support import make_tars
 from tests.support.devservers import Daemon
 from tests.support.watchdog import run_watched

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
 from shardcache.sources.lance import aws_storage_options, storage_options_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
 from shardcache.sources.schedule import slot_order
 from tests.client.pipeline_support import make_tars

@@ -129,7 +129,7 @@ def test_a_parquet_file_on_s3_without_s3fs_names_the_s3_extra(tmp_path: Path) ->
 def test_the_direct_read_of_an_auto_client_without_a_daemon_names_the_s3_extra(tmp_path: Path) -> None:
     code = f"""
         import sys
-        from shardcache.daemon_client import DaemonClient
+        from shardcache.daemon_access.daemon_client import DaemonClient
         from shardcache.errors import ConfigError
         try:
             with DaemonClient({str(tmp_path / "absent.sock")!r}).open("s3://bucket/shard.tar"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonError
 from shardcache_protocol import OpenGrant
 from tests.support.shards import ShardSet

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable
 from tests.client.pipeline_support import keys, make_tars, write_tar
 

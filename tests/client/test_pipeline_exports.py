@@ -22,6 +22,7 @@ def test_public_names_are_exported() -> None:
         "ResumeStateError",
         "UnsupportedResume",
         "StateError",
+        "Telemetry",
     }
     assert expected <= set(shardcache.__all__)
     for name in shardcache.__all__:

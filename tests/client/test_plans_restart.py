@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.sources.schedule import slot_order
 from tests.client.pipeline_support import keys, make_tars
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, RemoteNotFound
 from tests.support.start_methods import worker_context
 

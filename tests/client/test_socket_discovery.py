@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient
-from shardcache.discovery import discover
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.discovery import discover
 from tests.support.shards import ShardSet
 from tests.support.tools import unavailable
 
@@ -120,8 +120,8 @@ UNPRIVILEGED = "nobody"
 _IMPORTS = """
 import contextlib, io, json, logging, os, sys
 from shardcache import cli
-from shardcache.daemon_client import DaemonClient
-from shardcache.discovery import discover
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.discovery import discover
 import fsspec.implementations.local
 """
 _DROP = """

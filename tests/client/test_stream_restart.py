@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.daemon_client import DaemonClient
-from shardcache.open_wire import CountingTransport
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.open_wire import CountingTransport
 
 
 class FailingFirstStream(CountingTransport):

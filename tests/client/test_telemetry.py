@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.telemetry import Telemetry, count_items
-from shardcache.transport import Transport
+from shardcache.daemon_access.telemetry import Telemetry, count_items
+from shardcache.daemon_access.transport import Transport
 from tests.support.daemon_api import client_samples
 from tests.support.devservers import Daemon
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from shardcache import Dataset
+from shardcache.daemon_access.telemetry import Telemetry, count_items
 from shardcache.jobs import default_job, script_name
-from shardcache.telemetry import Telemetry, count_items
 from tests.support.daemon_api import client_samples
 from tests.support.shards import ShardSet
 

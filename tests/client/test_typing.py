@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +12,9 @@ import pytest
 
 from shardcache.stages import Node
 
-CLIENT = Path(__file__).resolve().parents[2] / "client"
+REPO = Path(__file__).resolve().parents[2]
+# The client and the wire contract it imports (its own folder, shared with the daemon).
+MYPYPATH = os.pathsep.join(str(REPO / folder) for folder in ("client", "protocol"))
 
 SNIPPET = """
 from shardcache import Dataset
@@ -47,7 +50,7 @@ def mypy_output(tmp_path_factory: pytest.TempPathFactory) -> str:
             "snippet.py",
         ],
         cwd=root,
-        env={"MYPYPATH": str(CLIENT), "PATH": ""},
+        env={"MYPYPATH": MYPYPATH, "PATH": ""},
         capture_output=True,
         text=True,
         check=False,

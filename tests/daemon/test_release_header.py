@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from tests.support.daemon_api import api
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 
 
 def order(urls: list[str], slots: int, slot: int, epoch: int) -> list[str]:

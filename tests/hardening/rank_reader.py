@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.utils.data
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 
 
 def wait_for_file(path: Path, deadline_s: float = 120.0) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import InsufficientCapacity
 from tests.hardening.cache_checks import assert_cache_intact
 from tests.support.daemon_api import api, metric

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from tests.hardening.faultproxy import proxy_env
 from tests.support.daemon_api import api
 from tests.support.polling import wait_for

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.daemon_client import DaemonClient
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.shards import ShardRef
 
 

@@ -11,7 +11,7 @@ from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
 
 if TYPE_CHECKING:
-    from shardcache.daemon_client import DaemonClient
+    from shardcache.daemon_access.daemon_client import DaemonClient
 
 # "auto": the node daemon, direct reads when none answers; "required": the daemon or an error; None: direct
 # reads; any other string: the daemon's socket path; or a DaemonClient.
@@ -21,7 +21,7 @@ _NAMED = ("auto", "required")
 
 def check_daemon_setting(daemon: DaemonSetting) -> None:
     """Refuse a `daemon=` argument that is none of the accepted forms."""
-    from shardcache.daemon_client import DaemonClient
+    from shardcache.daemon_access.daemon_client import DaemonClient
 
     if daemon is None or isinstance(daemon, DaemonClient) or isinstance(daemon, str):
         return
@@ -32,7 +32,7 @@ def check_daemon_setting(daemon: DaemonSetting) -> None:
 
 def make_client(daemon: DaemonSetting) -> DaemonClient | None:
     """The DaemonClient a setting names (None: read shards directly)."""
-    from shardcache.daemon_client import DaemonClient
+    from shardcache.daemon_access.daemon_client import DaemonClient
 
     if daemon is None:
         return None
@@ -58,7 +58,7 @@ class ShardOpener:
     def open(self, ref: ShardRef, plan: str | None = None) -> Iterator[BinaryIO]:
         """Open one shard (a real file with fileno() on the daemon's path handoff or a local read)."""
         if self.client is None:
-            from shardcache.direct import open_direct
+            from shardcache.daemon_access.direct import open_direct
 
             with open_direct(ref.url) as f:
                 yield f

@@ -27,7 +27,7 @@ from shardcache.errors import ConfigError
 from shardcache.sources.partition import permutation
 
 if TYPE_CHECKING:
-    from shardcache.daemon_client import DaemonClient
+    from shardcache.daemon_access.daemon_client import DaemonClient
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The open request's wire pieces on the client side: the typed grant and the connection count.
 
-`parse_grant` reads `POST /v1/shards/open`'s answer as a `protocol.OpenGrant`; `CountingTransport` is the
-hot path's transport, counting the connections it opens (`DaemonClient.generation`, which tells a reader
-when to register its plans again).
+`parse_grant` reads `POST /v1/shards/open`'s answer as a `shardcache_protocol.OpenGrant`;
+`CountingTransport` is the hot path's transport, counting the connections it opens
+(`DaemonClient.generation`, which tells a reader when to register its plans again).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pydantic
 
-from shardcache import protocol
+from shardcache.daemon_access.transport import Response, Transport
 from shardcache.errors import DaemonError
-from shardcache.transport import Response, Transport
+from shardcache_protocol import OpenGrant
 
 
 class CountingTransport(Transport):
@@ -34,7 +34,7 @@ class CountingTransport(Transport):
         return conn
 
 
-def parse_grant(answer: Response, url: str) -> protocol.OpenGrant:
+def parse_grant(answer: Response, url: str) -> OpenGrant:
     """The open's answer as the typed grant.
 
     Validated by pydantic straight from the JSON bytes (`model_validate_json`), not through a dict: on the
@@ -44,7 +44,7 @@ def parse_grant(answer: Response, url: str) -> protocol.OpenGrant:
     shows the same latency before and after).
     """
     try:
-        return protocol.OpenGrant.model_validate_json(answer.body)
+        return OpenGrant.model_validate_json(answer.body)
     except pydantic.ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}" for error in exc.errors()

@@ -1,7 +1,7 @@
 """Reading shards without the daemon, and the message for a shard too big for its cache.
 
 Every direct read goes through `open_direct`: `daemon=None`, an `auto` client while no daemon answers (see
-`shardcache.availability`), a shard the cache cannot hold (`cannot_fit`), and every shard for a while after
+`availability`), a shard the cache cannot hold (`cannot_fit`), and every shard for a while after
 the daemon's cache filesystem was found full (`DiskFullMemory`).
 """
 
@@ -14,6 +14,11 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from typing import IO, BinaryIO, cast
+
+# A core dependency, imported with `shardcache` (about 50 ms more on top of its 0.6-1 s, 2 busy cores) so that
+# no forked worker's first direct read imports it (`shardcache.forksafe`, rule 1). The protocol's own
+# package (s3fs, ...) is optional: fsspec imports it on the first URL of that protocol (`filesystem_extra`).
+import fsspec
 
 from shardcache import forksafe
 from shardcache.errors import InsufficientCapacity
@@ -144,8 +149,6 @@ def open_direct(url: str) -> contextlib.AbstractContextManager[BinaryIO]:
     path = local_path_of(url)
     if path is not None:
         return open(path, "rb")
-    import fsspec  # a core dependency; the protocol's own package (s3fs, ...) is imported by fsspec
-
     with filesystem_extra(url):
         handle: IO[bytes] = fsspec.open(url, "rb").open()
     return contextlib.closing(cast(BinaryIO, handle))

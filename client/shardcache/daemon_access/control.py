@@ -1,9 +1,9 @@
 """The client's control plane to the daemon: httpx over the Unix socket, for requests where latency does not
 matter (plans, stats, listings, prefetch, evict, telemetry, health probes).
 
-The open/release hot path uses the hand-written keep-alive transport (`shardcache.transport`) instead:
+The open/release hot path uses the hand-written keep-alive transport (`transport`) instead:
 `bench/bench_open_latency.py` measures httpx there at 25-30 times its latency (p50 and p99, 16 processes on
-two cores; the figures are in `shardcache.transport`'s docstring). Everything else goes through httpx, which
+two cores; the figures are in `transport`'s docstring). Everything else goes through httpx, which
 is well kept and complete (chunked bodies, timeouts, connection pooling), so the hand-written code stays as
 small as the hot path needs.
 
@@ -26,8 +26,8 @@ import httpcore  # noqa: F401  (imported lazily by httpx.HTTPTransport: see abov
 import httpx
 
 from shardcache import forksafe
+from shardcache.daemon_access.transport import Response, describe
 from shardcache.errors import DaemonUnavailable
-from shardcache.transport import Response, describe
 
 BASE_URL = "http://shardcached"
 # Never used for a handshake (the control plane is plain HTTP over a Unix socket); it exists so that httpx

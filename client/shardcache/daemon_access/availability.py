@@ -19,16 +19,16 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from shardcache import protocol
-from shardcache.control import ControlClient
-from shardcache.discovery import Discovery, rediscover
+from shardcache.daemon_access.control import ControlClient
+from shardcache.daemon_access.discovery import Discovery, rediscover
+from shardcache.daemon_access.transport import Transport
 from shardcache.errors import START_DAEMON, ConfigError, DaemonError, DaemonRequestError, DaemonUnavailable
-from shardcache.transport import Transport
+from shardcache_protocol import API_PREFIX
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_V1 = protocol.API_PREFIX
+_V1 = API_PREFIX
 DEFAULT_RESTART_WAIT_S = 30.0
 RESTART_WAIT_ENV = "SHARDCACHE_RESTART_WAIT_S"
 # While waiting for a restarting daemon, the socket is probed this often at first, backing off to the max.

@@ -1,13 +1,12 @@
 """`DaemonClient`: open shards through the node daemon, or directly when none answers.
 
 The hot path is `open`: one keep-alive round trip (`POST /v1/shards/open`) on the hand-written transport
-(`shardcache.transport`), an `open()` of the local path the daemon hands over, and a lease release whose
-answer is read lazily on the next request. Everything else (plans, stats, listings, prefetch, evict, health
-probes) is control plane and goes through httpx (`shardcache.control`).
+(`transport`), an `open()` of the local path the daemon hands over, and a lease release whose answer is
+read lazily on the next request. Everything else (plans, stats, listings, prefetch, evict, health probes)
+is control plane and goes through httpx (`control`).
 
-Around the facade: `shardcache.availability` (whether the daemon answers; waiting out its restarts),
-`shardcache.direct` (reading shards without it) and `shardcache.open_wire` (the open's grant and the
-connection count behind `generation`).
+Around the facade: `availability` (whether the daemon answers; waiting out its restarts), `direct` (reading
+shards without it) and `open_wire` (the open's grant and the connection count behind `generation`).
 """
 
 from __future__ import annotations
@@ -20,26 +19,27 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Literal, cast
 
-from shardcache import forksafe, protocol
-from shardcache.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WAIT_S
-from shardcache.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
-from shardcache.availability import DaemonAvailability, restart_wait
-from shardcache.control import ControlClient
-from shardcache.direct import DISK_FULL_CODE, DiskFullMemory, cannot_fit
-from shardcache.direct import DISK_FULL_RETRY_S as DISK_FULL_RETRY_S
-from shardcache.direct import SIZING_RULE as SIZING_RULE
-from shardcache.direct import local_path_of as local_path_of
-from shardcache.direct import open_direct as open_direct
-from shardcache.discovery import SYSTEM_SOCKET, Discovery, discover
+from shardcache import forksafe
+from shardcache.daemon_access.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WAIT_S
+from shardcache.daemon_access.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
+from shardcache.daemon_access.availability import DaemonAvailability, restart_wait
+from shardcache.daemon_access.control import ControlClient
+from shardcache.daemon_access.direct import DISK_FULL_CODE, DiskFullMemory, cannot_fit
+from shardcache.daemon_access.direct import DISK_FULL_RETRY_S as DISK_FULL_RETRY_S
+from shardcache.daemon_access.direct import SIZING_RULE as SIZING_RULE
+from shardcache.daemon_access.direct import local_path_of as local_path_of
+from shardcache.daemon_access.direct import open_direct as open_direct
+from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discover
+from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
+from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
-from shardcache.open_wire import CountingTransport, parse_grant
-from shardcache.transport import RELEASE_HEADER, Response
+from shardcache_protocol import API_PREFIX, Health, OpenGrant, PlanResponse, ShardInfo, ShardList, Stats
 
 logger = logging.getLogger(__name__)
 
 Handoff = Literal["auto", "path", "stream"]
 _HANDOFFS = ("auto", "path", "stream")
-_V1 = protocol.API_PREFIX
+_V1 = API_PREFIX
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
 
@@ -49,7 +49,7 @@ class DaemonClient(DaemonAvailability):
 
     Args:
         socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the system daemon's socket
-            when it exists, else the per-user one (see `shardcache.discovery`).
+            when it exists, else the per-user one (see `discovery`).
         required: raise `DaemonUnavailable` when no daemon answers (after `restart_wait_s`), instead of
             reading shards directly; and raise `InsufficientCapacity` for a shard the cache cannot hold
             instead of reading it directly.
@@ -187,7 +187,7 @@ class DaemonClient(DaemonAvailability):
 
     def _acquire(
         self, url: str, plan: str | None, size: int | None, checksum: str | None
-    ) -> protocol.OpenGrant | None:
+    ) -> OpenGrant | None:
         """Ask the daemon for the shard; its grant (`path`, `lease`, ...), or None to read directly."""
         if self._disk_full.skip_daemon():
             return None  # the cache filesystem was full moments ago (`disk_full_retry_s`)
@@ -292,7 +292,7 @@ class DaemonClient(DaemonAvailability):
         else:
             self._transport.send_deferred("POST", f"{_V1}/shards/release", {"lease": lease})
 
-    # -- connections (availability and restarts: `shardcache.availability`) ------------------------------
+    # -- connections (availability and restarts: `availability`) ------------------------------
 
     @property
     def generation(self) -> int:
@@ -339,7 +339,7 @@ class DaemonClient(DaemonAvailability):
         answer = self._through_restarts(lambda: send().raise_for_status())
         if answer is None:
             return None
-        return str(protocol.PlanResponse.model_validate(answer.json()).plan)
+        return str(PlanResponse.model_validate(answer.json()).plan)
 
     def delete_plan(self, plan_id: str) -> None:
         """Withdraw a plan; quiet when no daemon answers or it no longer knows the plan (it restarted)."""
@@ -353,16 +353,16 @@ class DaemonClient(DaemonAvailability):
         answer = self._call("GET", f"{_V1}/plans")
         return list(answer) if isinstance(answer, list) else []
 
-    def stats(self) -> protocol.Stats:
+    def stats(self) -> Stats:
         """The daemon's counters (`GET /v1/stats`). Raises `DaemonUnavailable` when none answers."""
-        return protocol.Stats.model_validate(self._call("GET", f"{_V1}/stats"))
+        return Stats.model_validate(self._call("GET", f"{_V1}/stats"))
 
-    def shards(self) -> list[protocol.ShardInfo]:
+    def shards(self) -> list[ShardInfo]:
         """The resident shards: url, size, last use, next planned use (`GET /v1/shards`)."""
         answer = self._call("GET", f"{_V1}/shards")
         if isinstance(answer, list):
             answer = {"shards": answer}
-        return protocol.ShardList.model_validate(answer).shards
+        return ShardList.model_validate(answer).shards
 
     def prefetch(self, urls: Sequence[str]) -> None:
         """Ask the daemon to fetch shards in the background (`POST /v1/prefetch`); returns at once."""
@@ -373,9 +373,9 @@ class DaemonClient(DaemonAvailability):
         """Remove one shard from the cache (`DELETE /v1/shards?url=`)."""
         self._call("DELETE", f"{_V1}/shards?url={_quote(url)}", url=url)
 
-    def health(self) -> protocol.Health:
+    def health(self) -> Health:
         """The daemon's health answer (`GET /v1/health`)."""
-        return protocol.Health.model_validate(self._call("GET", f"{_V1}/health"))
+        return Health.model_validate(self._call("GET", f"{_V1}/health"))
 
     def close(self) -> None:
         """Close this thread's connection to the daemon (other threads' close when the threads end)."""

@@ -12,7 +12,7 @@ its answer is read during the next request, which costs no extra round trip. Aro
 hot path needs: a connection per thread, a fresh one after fork (DataLoader workers fork; a parent's
 socket must never be shared), and one retry when the daemon closed an idle keep-alive connection. The
 streamed handoff (`stream`) uses the stdlib `http.client` on a connection of its own; everything else
-(plans, stats, telemetry, probes) is httpx, in `shardcache.control`.
+(plans, stats, telemetry, probes) is httpx, in `control`.
 """
 
 from __future__ import annotations

@@ -22,16 +22,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from shardcache import forksafe, protocol
-from shardcache.control import ControlClient
-from shardcache.discovery import discover
+from shardcache import forksafe
+from shardcache.daemon_access.control import ControlClient
+from shardcache.daemon_access.discovery import discover
 from shardcache.errors import DaemonUnavailable
 from shardcache.jobs import JOB_ENV, script_name
+from shardcache_protocol import API_PREFIX, TelemetryReport
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-TELEMETRY_PATH = f"{protocol.API_PREFIX}/telemetry"
+TELEMETRY_PATH = f"{API_PREFIX}/telemetry"
 DEFAULT_INTERVAL_S = 5.0
 # A report is small and the daemon answers it without I/O; a daemon slower than this is not waited for.
 _REQUEST_TIMEOUT_S = 2.0
@@ -93,7 +94,7 @@ class Telemetry:
             `shardcache.jobs`). The daemon keeps the most recent jobs only, so a name per run is fine.
         slot: The reader's slot (usually the rank).
         socket: The daemon's socket (default: `SHARDCACHE_SOCKET`, else the system daemon's socket when it
-            exists, else the per-user one; see `shardcache.discovery`).
+            exists, else the per-user one; see `discovery`).
         interval_s: Seconds between reports; 0 sends only on `flush()` and `close()`.
         count: How many samples one item holds (default: `count_items`, the leading dimension of a batch).
         skipped: A running total of skipped shards (e.g. `PipelineIterator.skipped_shards`), read by the
@@ -186,7 +187,7 @@ class Telemetry:
                 self.flush()  # close(wait=False): the last figures go out from here
                 self._control.close()
 
-    def report(self) -> protocol.TelemetryReport | None:
+    def report(self) -> TelemetryReport | None:
         """The figures since the last report (None when nothing happened), marking them as taken."""
         skipped = self._skipped() if self._skipped is not None else 0
         with self._lock:
@@ -196,7 +197,7 @@ class Telemetry:
         if not samples and not corrupt and waited <= 0:
             return None
         interval, self._sent, self._sent_at = now - self._sent_at, totals, now
-        return protocol.TelemetryReport(
+        return TelemetryReport(
             job=self.job,
             slot=self.slot,
             samples=int(samples),

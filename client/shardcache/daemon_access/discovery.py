@@ -22,17 +22,17 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardcache import protocol
+from shardcache_protocol import ROOT_SOCKET_PATH, SOCKET_ENV, SOCKET_NAME
 
-SYSTEM_SOCKET = protocol.ROOT_SOCKET_PATH
+SYSTEM_SOCKET = ROOT_SOCKET_PATH
 
 
 def user_socket_path() -> str:
     """The per-user socket: `$XDG_RUNTIME_DIR/shardcache.sock`, else `/tmp/shardcache-<uid>/...`."""
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
     if runtime_dir:
-        return str(Path(runtime_dir) / protocol.SOCKET_NAME)
-    return f"/tmp/shardcache-{os.geteuid()}/{protocol.SOCKET_NAME}"
+        return str(Path(runtime_dir) / SOCKET_NAME)
+    return f"/tmp/shardcache-{os.geteuid()}/{SOCKET_NAME}"
 
 
 def is_socket(path: str) -> bool:
@@ -103,10 +103,10 @@ class Discovery:
         (permission denied: join group shardcache, the group of /run/shardcache)".
         """
         if self.explicit:
-            from_env = os.environ.get(protocol.SOCKET_ENV)
-            return f"{protocol.SOCKET_ENV}={self.socket}" if from_env == self.socket else self.socket
+            from_env = os.environ.get(SOCKET_ENV)
+            return f"{SOCKET_ENV}={self.socket}" if from_env == self.socket else self.socket
         shown = [f"{path} ({path_state(path)})" for path in self.tried]
-        return f"{', '.join(shown)}; {protocol.SOCKET_ENV} is not set"
+        return f"{', '.join(shown)}; {SOCKET_ENV} is not set"
 
     def unreachable(self) -> list[tuple[str, Denied]]:
         """The paths tried that this user may not reach, with why (see `denied`)."""
@@ -130,7 +130,7 @@ def discover(socket: str | None = None, system_socket: str = SYSTEM_SOCKET) -> D
     """
     if socket:
         return Discovery(socket, (socket,), explicit=True)
-    from_env = os.environ.get(protocol.SOCKET_ENV)
+    from_env = os.environ.get(SOCKET_ENV)
     if from_env:
         return Discovery(from_env, (from_env,), explicit=True)
     user = user_socket_path()
