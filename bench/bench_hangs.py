@@ -52,7 +52,9 @@ def main() -> None:
     args = parser.parse_args()
     checkout = args.checkout.resolve()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(str(checkout / part) for part in ("client", "daemon", "."))
+    env["PYTHONPATH"] = os.pathsep.join(
+        str(checkout / part) for part in ("client", "daemon", "protocol", ".")
+    )
     with tempfile.TemporaryDirectory(prefix="sc-", dir="/tmp") as tmp:
         root = Path(tmp)
         make_tars(root / "shards", 8, 32)
