@@ -11,12 +11,13 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
+from shardcache.loader_plain import PlainNode, PlainStream
 from shardcache.loader_resume import STATE_VERSION as STATE_VERSION
 from shardcache.loader_resume import LoaderRuntime, check_loaded, header, resume_start
 from shardcache.loader_resume import fingerprint as loader_fingerprint
@@ -26,7 +27,7 @@ from shardcache.loader_stream import (
     WorkerHome,
     WorkerLauncher,
     WorkerStream,
-    passthrough,
+    torch_data,
 )
 from shardcache.loader_watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.stages import Node, Stage, builders
@@ -38,18 +39,6 @@ logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
 # workers); dropped (with a debug line) when num_workers=0, so one set of arguments serves both.
 _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
-
-
-def _torch_data() -> Any:
-    """torch.utils.data, imported in the trainer's thread before any worker forks (`shardcache.forksafe`)."""
-    try:
-        import numpy.random  # noqa: F401  (torch's worker loop seeds it: not imported in a forked worker)
-        import torch.utils.data as data
-    except ImportError as exc:
-        raise ImportError(
-            "TorchLoader needs PyTorch: install the torch extra (pip install 'shardcache[torch]')"
-        ) from exc
-    return data
 
 
 class LoaderIterator:
@@ -171,7 +160,7 @@ class TorchLoader:
         _stages: Sequence[Stage] = (),
         **loader_kwargs: Any,
     ) -> None:
-        _torch_data()
+        torch_data()
         if not isinstance(dataset, (Dataset, Iterable)):
             raise ConfigError(f"dataset={dataset!r}: expected a shardcache.Dataset or an iterable")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -347,8 +336,8 @@ class TorchLoader:
         own = getattr(iterable, "context", None)
         ctx = own if isinstance(own, RuntimeContext) else RuntimeContext.from_runtime()
         drop_last = bool(self.loader_kwargs.get("drop_last", False))
-        stream = _PlainStream(iterable, self.batch_size, self.collate_fn, drop_last)
-        node: Node = _PlainNode(stream, self.num_workers, self._dataloader_kwargs())
+        stream = PlainStream(iterable, self.batch_size, self.collate_fn, drop_last)
+        node: Node = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
         for stage in self.stages:
             node = stage.node(node, ctx)
         iterator = _PlainIterator(node, {})
@@ -390,68 +379,6 @@ class TorchLoader:
             device_process_group,
         )
         return self._add(stage)
-
-
-class _PlainStream:
-    """What the DataLoader iterates over a plain iterable: all of it in each worker, batched as `WorkerStream`
-    batches (samples as they are without a batch size)."""
-
-    def __init__(
-        self,
-        iterable: Iterable[Any],
-        batch_size: int | None,
-        collate_fn: Callable[[Any], Any] | None,
-        drop_last: bool,
-    ) -> None:
-        self.iterable = iterable
-        self.batch_size = batch_size
-        self.collate_fn = collate_fn
-        self.drop_last = drop_last
-
-    def __iter__(self) -> Iterator[Any]:
-        size, collate = self.batch_size, self.collate_fn
-        if size is None:
-            yield from (iter(self.iterable) if collate is None else map(collate, self.iterable))
-            return
-        collate = collate if collate is not None else _torch_data().default_collate
-        batch: list[Any] = []
-        for sample in self.iterable:
-            batch.append(sample)
-            if len(batch) == size:
-                yield collate(batch)
-                batch = []
-        if batch and not self.drop_last:
-            yield collate(batch)
-
-
-class _PlainNode(Node):
-    """A DataLoader over a `_PlainStream`, as the first node of the loader-side stages; it has no state."""
-
-    def __init__(self, stream: _PlainStream, num_workers: int, loader_kwargs: dict[str, Any]) -> None:
-        super().__init__()
-        self.stream = stream
-        self.num_workers = num_workers
-        self.loader_kwargs = loader_kwargs
-
-    def gen(self) -> Iterator[Any]:
-        data = _torch_data()
-        if not issubclass(_PlainStream, data.IterableDataset):
-            data.IterableDataset.register(_PlainStream)  # torch is imported lazily (see `_dataloader`)
-        dataset: Any = self.stream
-        loader = data.DataLoader(
-            dataset,
-            num_workers=self.num_workers,
-            batch_size=None,
-            collate_fn=passthrough,
-            **self.loader_kwargs,
-        )
-        yield from loader
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # no position: stages above read it while they run; `_PlainIterator` refuses to save
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise UnsupportedResume("TorchLoader over a plain iterable: only a shardcache.Dataset resumes")
 
 
 class _PlainIterator(LoaderIterator):

@@ -72,6 +72,18 @@ class EpochOrder:
 ORDER_FILE = "order.pickle"
 
 
+def torch_data() -> Any:
+    """torch.utils.data, imported in the trainer's thread before any worker forks (`shardcache.forksafe`)."""
+    try:
+        import numpy.random  # noqa: F401  (torch's worker loop seeds it: not imported in a forked worker)
+        import torch.utils.data as data
+    except ImportError as exc:
+        raise ImportError(
+            "TorchLoader needs PyTorch: install the torch extra (pip install 'shardcache[torch]')"
+        ) from exc
+    return data
+
+
 class WorkerStream:
     """What the DataLoader iterates in each worker (or in the main process with num_workers=0).
 
