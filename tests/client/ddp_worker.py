@@ -78,7 +78,11 @@ def main() -> None:
     parser.add_argument("--local-world-size", type=int, default=0, help="simulate nodes of this many ranks")
     args = parser.parse_args()
     if args.local_world_size:
-        os.environ["LOCAL_WORLD_SIZE"] = str(args.local_world_size)  # what torchrun sets on each node
+        # What torchrun sets on each node of that size (its own values describe one node of all ranks).
+        rank_in_job, size = int(os.environ["RANK"]), args.local_world_size
+        os.environ["LOCAL_WORLD_SIZE"] = str(size)
+        os.environ["LOCAL_RANK"] = str(rank_in_job % size)
+        os.environ["NODE_RANK"] = str(rank_in_job // size)
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
