@@ -41,7 +41,10 @@ def test_socket_path_setting_reads_through_that_daemon(local_shards, daemon_fact
 
 def test_required_daemon_that_is_absent_is_an_error(local_shards, short_tmp) -> None:  # type: ignore[no-untyped-def]
     ds = Dataset.from_source(
-        "tars", local_shards.local_paths, daemon=DaemonClient(str(short_tmp / "none.sock"), required=True)
+        "tars",
+        local_shards.local_paths,
+        # restart_wait_s=0: not the wait for a restarting daemon (test_daemon_restart_wait), only the error
+        daemon=DaemonClient(str(short_tmp / "none.sock"), required=True, restart_wait_s=0),
     )
     with pytest.raises(DaemonUnavailable):
         list(ds)

@@ -66,7 +66,11 @@ def test_a_client_that_fell_back_to_direct_reads_registers_its_plans_when_the_da
     ctx = RuntimeContext(seed=5)
     order = [shards[u] for u in slot_order(len(shards), ctx, 0)]
     ds = Dataset.from_source(
-        "tars", shards, daemon=DaemonClient(str(socket), reprobe_interval=0.01), context=ctx
+        # restart_wait_s=0: the killed daemon is not waited for; its shards are read directly at once
+        "tars",
+        shards,
+        daemon=DaemonClient(str(socket), reprobe_interval=0.01, restart_wait_s=0),
+        context=ctx,
     )
     it = ds.iter_context()
     got = [next(it)["__key__"] for _ in range(4)]
