@@ -2,7 +2,7 @@
 
 Two modes:
 
-- Proportional (default): one stream of samples whose per-source counts follow `mix_plan.plan_mix`
+- Proportional (default): one stream of samples whose per-source counts follow `shardcache.mix.plan.plan_mix`
   (temperature sampling, virtual size relative to the largest source, capped), interleaved in a seeded
   random order. Upsampled sources read further passes, each reshuffled (pass j > 0 uses a seed derived
   from (seed, j)); pass 0 of every source is exactly its own epoch order, so an un-upsampled source reads
@@ -28,8 +28,8 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, StateError
-from shardcache.mix_plan import plan_mix, split_for_slot
-from shardcache.mix_stream import (
+from shardcache.mix.plan import plan_mix, split_for_slot
+from shardcache.mix.stream import (
     STRATEGIES,
     InterleaveIterator,
     OrderedMixIterator,
@@ -337,7 +337,7 @@ def mixed_source(
     """`Dataset.from_source("mixed", sources=..., strategy=..., weights=...)`: mvp-dataset's mixed source.
 
     Each source is read once per epoch (every slot its own share, as for any dataset), in the order the
-    strategy picks (`shardcache.mix_stream.OrderedMixIterator`): "concat", "round_robin",
+    strategy picks (`shardcache.mix.stream.OrderedMixIterator`): "concat", "round_robin",
     "weighted_round_robin" (the default), "random", "weighted_random". Dict samples carry ``__source__``.
 
     Args:

@@ -1,11 +1,12 @@
 """The client's layers, held: imports only go down (docs/architecture.md).
 
-Two layers are held so far, the lowest two:
+Three parts are held so far, the lowest two layers and the mix package of the nodes layer:
 
 - base: the modules in `BASE`, which import nothing of the client beyond base (and the wire contract,
   `shardcache_protocol`, which both programs own);
 - daemon access, `shardcache.daemon_access`: base, itself and the wire contract; never a source, a stage, a
-  `Dataset`, the loader or torch.
+  `Dataset`, the loader or torch;
+- `shardcache.mix` (nodes): the mix iterators and arithmetic import base and themselves only.
 
 Both are read statically with `ast` (imports at module level, inside functions and under TYPE_CHECKING
 alike: a type-only import upward is still a dependency upward), and then loaded in a fresh interpreter.
@@ -60,6 +61,10 @@ def files_of(names: set[str]) -> dict[str, Path]:
 
 def daemon_access_files() -> dict[str, Path]:
     return {module_name(p): p for p in sorted((PACKAGE / "daemon_access").glob("*.py"))}
+
+
+def mix_files() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((PACKAGE / "mix").glob("*.py"))}
 
 
 def is_submodule(name: str) -> bool:
@@ -129,9 +134,22 @@ def test_daemon_access_imports_only_base_and_itself() -> None:
     assert upward == [], upward
 
 
+def test_the_mix_package_imports_only_base_and_itself() -> None:
+    modules = mix_files()
+    assert len(modules) > 1, modules
+    upward = [
+        f"{module} imports {name}"
+        for module, path in modules.items()
+        for name, _ in imports_of(module, path)
+        if of_the_client(name)
+        and not (in_base(name) or name == "shardcache.mix" or name.startswith("shardcache.mix."))
+    ]
+    assert upward == [], upward
+
+
 def test_no_import_inside_a_function_but_optional_packages() -> None:
     """An import inside a function hides a dependency (or a cycle) and runs lazily in forked workers."""
-    modules = {**files_of(BASE), **daemon_access_files()}
+    modules = {**files_of(BASE), **daemon_access_files(), **mix_files()}
     lazy = [
         f"{module} imports {name} inside a function"
         for module, path in sorted(modules.items())

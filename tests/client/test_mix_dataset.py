@@ -12,7 +12,7 @@ import pytest
 
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.mix_plan import plan_mix
+from shardcache.mix.plan import plan_mix
 from shardcache.mixing import MixSource, mix
 from tests.client.pipeline_support import assert_resumes, make_tars, slot_contexts
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset
-from shardcache.mix_plan import plan_mix
+from shardcache.mix.plan import plan_mix
 from shardcache.mixing import mix
 from tests.client.pipeline_support import make_tars
 from tests.support.start_methods import worker_context

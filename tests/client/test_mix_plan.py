@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from shardcache.errors import ConfigError
-from shardcache.mix_plan import (
+from shardcache.mix.plan import (
     default_virtual_size,
     epoch_rng,
     plan_mix,
@@ -96,7 +96,7 @@ def test_same_seed_and_epoch_give_the_same_plan_and_epochs_differ() -> None:
 
 def test_virtual_size_below_real_size_warns(caplog: pytest.LogCaptureFixture) -> None:
     plan = plan_mix(["a", "b"], [100, 100], virtual_size=50)
-    with caplog.at_level(logging.INFO, logger="shardcache.mix_plan"):
+    with caplog.at_level(logging.INFO, logger="shardcache.mix.plan"):
         plan.log()
     assert "virtual data size (50) is less than real data size (200)" in caplog.text
     assert "raw sizes {'a': 100, 'b': 100}" in caplog.text

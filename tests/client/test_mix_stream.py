@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shardcache.errors import ConfigError
-from shardcache.mix_stream import BLOCK, InterleaveIterator, PassStream, RecipeIterator
+from shardcache.mix.stream import BLOCK, InterleaveIterator, PassStream, RecipeIterator
 
 
 class _ListPass:

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import ConfigError, StateError
-from .mix_plan import epoch_rng
+from shardcache.errors import ConfigError, StateError
+from shardcache.mix.plan import epoch_rng
 
 logger = logging.getLogger(__name__)
 

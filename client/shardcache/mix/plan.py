@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from shardcache.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
