@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+from shardcache.cache.config import CacheConfig
+from shardcache.cache.entries import CacheEntryInfo, clear_cache, list_cache_entries
+from shardcache.cache.snapshot import FingerprintProvider
+from shardcache.consume import Consumer
 from shardcache.context import DataLoadMesh, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.telemetry import Telemetry
@@ -22,18 +26,29 @@ from shardcache.errors import (
     UnsupportedResume,
 )
 from shardcache.loader import TorchLoader
-from shardcache.log import get_log_level, get_logger, set_log_level, set_logger
+from shardcache.log import (
+    get_log_level,
+    get_logger,
+    reset_log_level,
+    reset_logger,
+    set_log_level,
+    set_logger,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheConfig",
+    "CacheEntryInfo",
     "CacheError",
     "ConfigError",
+    "Consumer",
     "CorruptShardError",
     "DaemonClient",
     "DaemonUnavailable",
     "DataLoadMesh",
     "Dataset",
+    "FingerprintProvider",
     "ResumeStateError",
     "RuntimeContext",
     "ShardError",
@@ -43,9 +58,13 @@ __all__ = [
     "TorchLoader",
     "UnsupportedResume",
     "__version__",
+    "clear_cache",
     "get_log_level",
     "get_logger",
+    "list_cache_entries",
     "merge_states",
+    "reset_log_level",
+    "reset_logger",
     "set_log_level",
     "set_logger",
 ]

@@ -2,6 +2,7 @@
 
 Every module logs through `logging.getLogger(__name__)`, so all records pass the `shardcache` logger.
 `set_logger(obj)` attaches one forwarding handler to that logger; the library installs no handler otherwise.
+`reset_logger()` and `reset_log_level()` undo `set_logger` and `set_log_level` (mvp-dataset's names).
 """
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ def get_logger() -> LoggerLike:
 
 
 def set_log_level(level: int | str) -> None:
-    """Set the level of the package logger (`"DEBUG"`, `logging.INFO`, ...)."""
+    """Set the level of the package logger (`"DEBUG"`, `logging.INFO`, `"10"`, ...)."""
     if isinstance(level, str):
-        resolved = logging.getLevelName(level.upper())
+        name = level.strip().upper()
+        resolved = int(name) if name.lstrip("-").isdigit() else logging.getLevelName(name)
         if not isinstance(resolved, int):
             raise ConfigError(
                 f"set_log_level(level): unknown level {level!r}; use DEBUG, INFO, WARNING or ERROR"
@@ -95,3 +97,17 @@ def set_log_level(level: int | str) -> None:
 def get_log_level() -> int:
     """The effective level of the package logger."""
     return _package_logger().getEffectiveLevel()
+
+
+def reset_logger() -> None:
+    """Undo `set_logger`: records propagate through `logging` again (the same as `set_logger(None)`)."""
+    set_logger(None)
+
+
+def reset_log_level() -> None:
+    """Undo `set_log_level`: the package logger inherits its level from `logging`'s configuration again.
+
+    mvp-dataset resets to INFO on a handler of its own; shardcache installs no handler, so its default is
+    no level of its own (NOTSET), and `get_log_level()` is then the root logger's level.
+    """
+    _package_logger().setLevel(logging.NOTSET)

@@ -23,8 +23,18 @@ def test_public_names_are_exported() -> None:
         "UnsupportedResume",
         "StateError",
         "Telemetry",
+        # mvp-dataset 0.2.3's other names (tests/client/test_mvp_exports.py tests their behaviour)
+        "Consumer",
+        "FingerprintProvider",
+        "CacheConfig",
+        "CacheEntryInfo",
+        "clear_cache",
+        "list_cache_entries",
+        "reset_logger",
+        "reset_log_level",
     }
     assert expected <= set(shardcache.__all__)
+    assert len(shardcache.__all__) == len(set(shardcache.__all__))
     for name in shardcache.__all__:
         assert hasattr(shardcache, name), name
 

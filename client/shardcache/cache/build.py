@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache.cache.codec import RowEncoder
+from shardcache.cache.config import TIMEOUT_ENV, resolve_timeout_s
 from shardcache.cache.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
 from shardcache.cache.pipeline import iterate_part
 from shardcache.cache.store import (
@@ -46,9 +47,6 @@ from shardcache.errors import CacheError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT_ENV = "SHARDCACHE_CACHE_TIMEOUT"
-DEFAULT_TIMEOUT_S = 6 * 3600.0
-
 
 @dataclass(frozen=True)
 class CacheOptions:
@@ -60,7 +58,7 @@ class CacheOptions:
         cache_write_batch_size: Rows per batch written to Lance.
         max_rows_per_fragment: Rows per Lance fragment of the merged dataset.
         cache_timeout: Seconds to wait for parts other processes are building (default
-            `$SHARDCACHE_CACHE_TIMEOUT`, else 6 hours).
+            `$SHARDCACHE_CACHE_TIMEOUT`, else `$MVP_DATASET_CACHE_WAIT_TIMEOUT_SECONDS`, else 6 hours).
     """
 
     cache_dir: str | os.PathLike[str] | None = None
@@ -101,11 +99,7 @@ class CacheOptions:
     def timeout_s(self) -> float:
         if self.cache_timeout is not None:
             return float(self.cache_timeout)
-        raw = os.environ.get(TIMEOUT_ENV)
-        try:
-            return float(raw) if raw else DEFAULT_TIMEOUT_S
-        except ValueError as exc:
-            raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from exc
+        return resolve_timeout_s()
 
 
 def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any] | None = None) -> str:

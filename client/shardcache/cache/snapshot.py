@@ -21,9 +21,12 @@ from shardcache.errors import ConfigError
 if TYPE_CHECKING:
     from shardcache.dataset import Dataset
 
+FingerprintProvider = Callable[[], str]
+"""mvp-dataset's name for what `snapshot(fingerprint_provider=...)` takes: no argument, a non-empty string."""
+
 
 def snapshot(
-    dataset: Dataset, fingerprint_provider: Callable[[], str] | None = None, **cache_options: Any
+    dataset: Dataset, fingerprint_provider: FingerprintProvider | None = None, **cache_options: Any
 ) -> Dataset:
     """`dataset.cache(**cache_options)`, named by `fingerprint_provider()` when one is given."""
     if fingerprint_provider is None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardcache import envvars
 from shardcache.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -42,14 +43,15 @@ DATASET_MARKER = "complete.json"
 
 
 def resolve_cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR`, else `.cache` in the working directory.
+    """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR` (else its alias `$MVP_DATASET_CACHE_DIR`),
+    else `.cache` in the working directory; `~` is expanded.
 
     The environment variable also replaces the default `.cache` when that is passed explicitly (the
     signature of `Dataset.cache` spells the default out).
     """
     if cache_dir is None or os.fspath(cache_dir) == DEFAULT_CACHE_DIR:
-        cache_dir = os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
-    return Path(cache_dir).absolute()
+        cache_dir = envvars.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    return Path(cache_dir).expanduser().absolute()
 
 
 def fsync_tree(root: Path) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from shardcache import envvars
 from shardcache.errors import ConfigError, ShardError
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode, Unit
@@ -100,11 +101,13 @@ class TarRefResolver:
 
     def __init__(self, opener: ShardOpener, capacity: int | None = None) -> None:
         self.opener = opener
-        raw = os.environ.get(TAR_CACHE_SIZE_ENV, "16") if capacity is None else str(capacity)
+        # LOADER_JSONL_TAR_CACHE_SIZE, else mvp-dataset's MVP_DATASET_TAR_MAX_OPEN_FILES, else 16.
+        found = envvars.lookup(TAR_CACHE_SIZE_ENV) if capacity is None else ("capacity", str(capacity))
+        variable, raw = found or (TAR_CACHE_SIZE_ENV, "16")
         try:
             self.capacity = max(1, int(raw))
         except ValueError as exc:
-            raise ConfigError(f"{TAR_CACHE_SIZE_ENV}={raw!r}: must be a positive integer") from exc
+            raise ConfigError(f"{variable}={raw!r}: must be a positive integer") from exc
         self._open: OrderedDict[str, tuple[ExitStack, Any, dict[str, Any]]] = OrderedDict()
 
     def resolve(self, value: Any, base: str, where: str) -> Any:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import IO, Any
 
+from shardcache import envvars
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode, Unit
@@ -29,13 +29,14 @@ _END = object()
 
 
 def key_dot_level() -> int:
-    raw = os.environ.get(KEY_DOT_LEVEL_ENV, "1")
+    """`LOADER_TAR_KEY_DOT_LEVEL`, else mvp-dataset's `MVP_DATASET_TAR_KEY_DOT_LEVEL`, else 1."""
+    variable, raw = envvars.lookup(KEY_DOT_LEVEL_ENV) or (KEY_DOT_LEVEL_ENV, "1")
     try:
         level = int(raw)
     except ValueError:
         level = 0
     if level < 1:
-        raise ConfigError(f"{KEY_DOT_LEVEL_ENV}={raw!r}: must be an integer >= 1")
+        raise ConfigError(f"{variable}={raw!r}: must be an integer >= 1")
     return level
 
 
