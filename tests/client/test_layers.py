@@ -32,6 +32,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "client" / "shardcache"
 # The base layer: what every other layer may import. A module that imports upward is not base.
 BASE = {
     "shardcache.context",
+    "shardcache.envvars",
     "shardcache.errors",
     "shardcache.extras",
     "shardcache.forksafe",
