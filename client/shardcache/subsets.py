@@ -9,11 +9,15 @@ of the pipeline's fingerprint: a tuple of steps applied in order, each over what
 
 What a unit is depends on the source, as in mvp-dataset: a row for lance (row-exact: ``split([0.8, 0.2])``
 of 10 rows keeps exactly 8 and 2, ``sample(f)`` keeps exactly ``round(f * rows)``), a row group for parquet
-(weighted by its row count), a whole shard for tars and jsonl (the fractions are then approximate). Membership
-depends only on the source and the steps, never on the ranks, workers, epoch or shuffle seed, so every slot
-agrees and a resampled subset keeps its members in every round.
+(weighted by its row count), a whole shard for tars and jsonl (the fractions are then approximate).
 
-Everything here is pure: `select` maps unit sizes to the indices kept.
+Membership is mvp-dataset 0.2.3's, member for member: the same arguments over the same units keep the same
+units (`select` for unit sources, `select_rows` for lance rows; the rules are described at `_split_units`,
+`_split_rows`, `_sample_units` and `_sample_rows`). It depends only on the source and the steps, never on the
+ranks, workers, epoch or shuffle seed, so every slot agrees and a resampled subset keeps its members in every
+round.
+
+Everything here is pure: `select` and `select_rows` map unit sizes or a row count to the indices kept.
 """
 
 from __future__ import annotations
@@ -38,8 +42,6 @@ Subset = tuple[Step, ...]
 # called (`select_shards`), so the readers' unit lists (which may depend on the slot count) are untouched.
 SHARD_LEVEL = frozenset({"tars", "jsonl"})
 ROW_LEVEL = frozenset({"lance"})
-
-_TAG = int(hashlib.sha256(b"shardcache.subset").hexdigest(), 16) % (2**32)
 
 
 def normalize_fractions(fractions: Any) -> tuple[float, ...]:
@@ -99,36 +101,128 @@ def check_subset(subset: Any) -> None:
             )
 
 
-def _split(sizes: np.ndarray, fractions: Sequence[float], index: int) -> np.ndarray:
-    # Part k holds the units whose weight midpoint falls in [round(c_k * W), round(c_{k+1} * W)), c_k the
-    # cumulative fractions: with unit weights this is exactly rows [round(c_k * n), round(c_{k+1} * n)).
-    total = float(sizes.sum())
-    bounds = np.cumsum((0.0, *fractions))
-    lo, hi = round(bounds[index] * total), round(bounds[index + 1] * total)
-    if index == len(fractions) - 1:
-        hi = math.inf
-    starts = np.cumsum(sizes) - sizes
-    mid = starts + sizes / 2.0
-    return np.flatnonzero((mid >= lo) & (mid < hi))
+def _split_units(weights: Sequence[float], fractions: Sequence[float], index: int) -> list[int]:
+    # mvp-dataset's unit rule. Part k ends at the weight bound B_k = (f_0 + ... + f_k) * W (the cumulative
+    # fraction summed left to right, then scaled). Units are dealt in order: a unit opens the next part once
+    # the weight before it has reached the current part's bound. 5 equal shards split [0.5, 0.5] give 3/2
+    # (the bound 2.5 is reached before the fourth), [1, 1, 1] gives 2/2/1.
+    total = sum(weights)
+    bounds: list[float] = []
+    cumulative = 0.0
+    for fraction in fractions[:-1]:
+        cumulative += fraction
+        bounds.append(cumulative * total)
+    kept: list[int] = []
+    part = 0
+    before = 0.0
+    for unit, weight in enumerate(weights):
+        while part < len(bounds) and before >= bounds[part]:
+            part += 1
+        if part > index:
+            break
+        if part == index:
+            kept.append(unit)
+        before += weight
+    return kept
 
 
-def _sample(sizes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    # A seeded permutation of the units; keep its shortest prefix holding round(fraction * total weight).
-    order = np.random.default_rng([_TAG, seed % (2**32)]).permutation(len(sizes))
-    target = round(fraction * float(sizes.sum()))
-    if target <= 0:
-        return np.zeros(0, dtype=np.int64)
-    reached = np.cumsum(sizes[order]) >= target
-    count = int(np.argmax(reached)) + 1 if reached.any() else len(order)
-    return np.sort(order[:count])
+def _split_rows(count: int, fractions: Sequence[float], index: int) -> np.ndarray:
+    # mvp-dataset's row rule (lance): part k is rows [round(c_k * n), round(c_{k+1} * n)), c_k the cumulative
+    # fraction summed left to right, Python's round (half to even): 5 rows split [0.5, 0.5] give 2/3.
+    cuts = [0]
+    cumulative = 0.0
+    for fraction in fractions[:-1]:
+        cumulative += fraction
+        cuts.append(max(cuts[-1], min(round(cumulative * count), count)))
+    cuts.append(count)
+    return np.arange(cuts[index], cuts[index + 1], dtype=np.int64)
 
 
-def select(sizes: Sequence[int] | np.ndarray, subset: Subset | None) -> np.ndarray:
-    """The indices of the units a subset keeps, ascending (source order).
+def _sample_units(weights: Sequence[float], fraction: float, seed: int) -> list[int]:
+    # mvp-dataset's unit rule: rank the units by sha256("{seed}:{index}") and take them in that order while
+    # the weight taken is below fraction * W (not rounded: the unit that crosses the target is kept).
+    ranked = sorted(range(len(weights)), key=lambda unit: hashlib.sha256(f"{seed}:{unit}".encode()).digest())
+    target = fraction * sum(weights)
+    kept: list[int] = []
+    taken = 0.0
+    for unit in ranked:
+        if taken >= target:
+            break
+        kept.append(unit)
+        taken += weights[unit]
+    return sorted(kept)
+
+
+def _sample_rows(count: int, fraction: float, seed: int) -> np.ndarray:
+    # mvp-dataset's row rule (lance): the images of positions 0 .. round(fraction * n) - 1 under the seeded
+    # permutation of [0, n) (`permute_positions`).
+    return np.sort(permute_positions(np.arange(round(fraction * count), dtype=np.int64), count, seed))
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_ROUNDS = 8
+_MAX_WALKS = 1024
+
+
+def _mix64(values: np.ndarray) -> np.ndarray:
+    # splitmix64's finaliser on uint64 arrays (their arithmetic wraps modulo 2**64).
+    values = values + np.uint64(_GOLDEN)
+    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    mixed: np.ndarray = values ^ (values >> np.uint64(31))
+    return mixed
+
+
+def _feistel(values: np.ndarray, bits: int, seed: int) -> np.ndarray:
+    # A balanced-as-possible Feistel network over `bits`-bit integers: a bijection of [0, 2**bits).
+    low_bits = bits - bits // 2
+    high_mask = np.uint64((1 << (bits // 2)) - 1)
+    low_mask = np.uint64((1 << low_bits) - 1)
+    high = values >> np.uint64(low_bits)
+    low = values & low_mask
+    for round_index in range(_ROUNDS):
+        key = np.uint64((seed ^ ((round_index + 1) * _GOLDEN)) & _MASK64)
+        if round_index % 2 == 0:
+            low = (low ^ _mix64(high ^ key)) & low_mask
+        else:
+            high = (high ^ _mix64(low ^ key)) & high_mask
+    return (high << np.uint64(low_bits)) | low
+
+
+def permute_positions(positions: np.ndarray, total: int, seed: int) -> np.ndarray:
+    """Where a seeded permutation of ``[0, total)`` sends each position (mvp-dataset's Lance permutation).
+
+    A Feistel network over the smallest power of two holding `total` (at least 4), walked again from any
+    value at or past `total` until it lands inside (cycle walking), so the map is a bijection of
+    ``[0, total)``. Same `total` and `seed`, same image, on every machine.
+
+    Example:
+        >>> sorted(permute_positions(np.arange(10), 10, seed=3).tolist()) == list(range(10))
+        True
+    """
+    result = np.asarray(positions, dtype=np.uint64).copy()
+    if total <= 1 or not len(result):
+        return np.zeros(len(result), dtype=np.int64)
+    bits = max(2, (total - 1).bit_length())
+    pending = np.arange(len(result))
+    for _ in range(_MAX_WALKS):
+        result[pending] = _feistel(result[pending], bits, seed)
+        pending = pending[result[pending] >= np.uint64(total)]
+        if not len(pending):
+            return result.astype(np.int64)
+    raise RuntimeError(f"permute_positions: no value under {total} after {_MAX_WALKS} walks (seed={seed})")
+
+
+def select(sizes: Sequence[float] | np.ndarray, subset: Subset | None) -> np.ndarray:
+    """The indices of the units a subset keeps, ascending (source order): mvp-dataset's unit rule.
+
+    Each step applies to what the previous one kept, renumbered from 0, as mvp-dataset does when
+    ``split``/``sample`` is called on a subset of a unit source.
 
     Args:
-        sizes: One weight per unit, in source order: 1 per row (lance), the row group's row count
-            (parquet), 1 per shard (tars, jsonl).
+        sizes: One weight per unit, in source order: the row group's row count (parquet), 1 per shard
+            (tars, jsonl).
         subset: The steps (``options["subset"]``); None keeps every unit.
 
     Example:
@@ -138,13 +232,34 @@ def select(sizes: Sequence[int] | np.ndarray, subset: Subset | None) -> np.ndarr
     kept = np.arange(len(sizes), dtype=np.int64)
     if not subset:
         return kept
-    weights = np.asarray(sizes, dtype=np.float64)
+    weights = [float(size) for size in sizes]
     for step in subset:
+        current = [weights[unit] for unit in kept]
         if step[0] == "split":
-            local = _split(weights[kept], step[1], step[2])
+            local = _split_units(current, step[1], step[2])
         else:
-            local = _sample(weights[kept], step[1], step[2])
-        kept = kept[local]
+            local = _sample_units(current, step[1], step[2])
+        kept = kept[np.asarray(local, dtype=np.int64)]
+    return kept
+
+
+def select_rows(count: int, subset: Subset | None) -> np.ndarray:
+    """The rows of a row space of `count` rows a subset keeps, ascending: mvp-dataset's row rule (lance).
+
+    Splits cut at ``round(cumulative fraction * rows)``; a sample keeps the images of the first
+    ``round(fraction * rows)`` positions under the seeded permutation (`permute_positions`). Steps stack,
+    each over what the previous kept (mvp-dataset refuses a second Lance step).
+
+    Example:
+        >>> select_rows(5, (("split", (0.5, 0.5), 0),)).tolist()
+        [0, 1]
+    """
+    kept = np.arange(count, dtype=np.int64)
+    for step in subset or ():
+        if step[0] == "split":
+            kept = kept[_split_rows(len(kept), step[1], step[2])]
+        else:
+            kept = kept[_sample_rows(len(kept), step[1], step[2])]
     return kept
 
 

@@ -28,7 +28,7 @@ from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
 from shardcache.sources.partition import permutation
 from shardcache.sources.schedule import slot_order
-from shardcache.subsets import select
+from shardcache.subsets import select_rows
 
 logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class LanceSource(SourceNode):
                     addresses = scanner.to_table()["_rowaddr"].to_numpy()
                     found.append(_positions(ds, addresses) + self._starts[d])
             space = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-        return space[select(np.ones(len(space), dtype=np.int64), subset)] if subset else space
+        return space[select_rows(len(space), subset)] if subset else space
 
     def _take(self, rows: Sequence[int], cols: list[str] | None) -> Iterator[dict[str, Any]]:
         from shardcache.cache.codec import decode_batch
