@@ -57,13 +57,62 @@ prefetch_depth = 2
 max_fetches = 4
 ```
 
-The trainer side reads three variables. `SHARDCACHE_SOCKET` is the socket the client connects to; unset,
+The trainer side reads these variables. `SHARDCACHE_SOCKET` is the socket the client connects to; unset,
 the client uses the system daemon's `/run/shardcache/shardcache.sock` when it exists, else the per-user
 socket (`$XDG_RUNTIME_DIR/shardcache.sock`, else `/tmp/shardcache-<uid>/shardcache.sock`). `SHARDCACHE_JOB`
 names the job in plans and telemetry (default: the script's name and a hash of the shards, see metrics.md).
 `SHARDCACHE_RESTART_WAIT_S` is how long a trainer waits for a restarting daemon (default 30 s; see
-deploy.md, "Restarts and upgrades").
+deploy.md, "Restarts and upgrades"). `SHARDCACHE_STALL_WARNING_S` is how long a TorchLoader waits for an item
+before it logs which DataLoader worker it waits for and where every worker is (default 300 s, 0 turns it
+off; see troubleshooting.md, "A loader that stalls").
+
+### Trainer-side variables of the pipeline, and mvp-dataset's aliases
+
+The pipeline reads these when the feature runs (never at import). A script written for mvp-dataset 0.2.3
+may keep setting mvp's variable: each is honoured as an alias of ours (`shardcache/envvars.py`).
+
+{aliases}
+
+- When both are set, ours wins: it is the more specific choice (set for shardcache on purpose, while an
+  mvp name may linger in a shared environment file), and a value never changes meaning because another
+  variable appeared. An empty variable counts as unset.
+- A bad value is reported under the name of the variable that was read, e.g.
+  `MVP_DATASET_TAR_KEY_DOT_LEVEL='0': must be an integer >= 1`.
+- The daemon's `SHARDCACHE_CACHE_DIR` (its shard cache, in the table above) is a different process's
+  setting under the same name; `MVP_DATASET_CACHE_DIR` never changes the daemon.
+- `MVP_DATASET_CACHE_FINGERPRINT_MODE`: `metadata` (size and modification time, what shardcache does) is
+  accepted; `content` makes `CacheConfig.resolve()` raise `ConfigError`, since shardcache does not hash
+  file contents. `MVP_DATASET_PARQUET_BATCH_SIZE` is not read.
 """
+
+
+# The trainer-side variables and mvp-dataset's names for them (client/shardcache/envvars.py).
+_TRAINER_ALIASES = [
+    (
+        "`SHARDCACHE_CACHE_DIR`",
+        "`MVP_DATASET_CACHE_DIR`",
+        "`./.cache`",
+        "root of the `.cache()` / `snapshot()` entries (`shardcache cache ls`, `list_cache_entries()`)",
+    ),
+    (
+        "`SHARDCACHE_CACHE_TIMEOUT`",
+        "`MVP_DATASET_CACHE_WAIT_TIMEOUT_SECONDS`",
+        "21600 (6 h)",
+        "seconds a process waits for cache parts another process is building",
+    ),
+    (
+        "`LOADER_TAR_KEY_DOT_LEVEL`",
+        "`MVP_DATASET_TAR_KEY_DOT_LEVEL`",
+        "1",
+        "how many dot-separated parts of a tar member name form the sample key",
+    ),
+    (
+        "`LOADER_JSONL_TAR_CACHE_SIZE`",
+        "`MVP_DATASET_TAR_MAX_OPEN_FILES`",
+        "16 (mvp: 8)",
+        "tar shards a jsonl source with `ref_fields` keeps open",
+    ),
+]
 
 
 def _type_name(annotation: Any) -> str:
@@ -115,7 +164,12 @@ def render() -> str:
             f"{_type_name(field.annotation)} | {_default(name, field)} | {meaning} |"
         )
     config_row = "| (file) | `--config FILE` | - | - | path | none | TOML file with the settings above |"
-    return _HEADER + "\n".join([*rows, config_row]) + "\n" + _FOOTER
+    aliases = [
+        header for header in ("| ours | mvp-dataset's alias | default | meaning |", "|---|---|---|---|")
+    ]
+    aliases += ["| " + " | ".join(cells) + " |" for cells in _TRAINER_ALIASES]
+    footer = _FOOTER.replace("{aliases}", "\n".join(aliases))
+    return _HEADER + "\n".join([*rows, config_row]) + "\n" + footer
 
 
 def main(argv: list[str] | None = None) -> int:
