@@ -8,7 +8,7 @@ from typing import Any
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
 from shardcache.sources.partition import check_partition_options
-from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options
+from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
 from shardcache.subsets import check_subset
 
 # The shard kinds' partitioning options (`shardcache.sources.partition`).
@@ -19,12 +19,25 @@ SUBSET_OPTIONS = ("subset",)
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
 _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
-    "tars": ("tars", "TarsSource", ("resample", "sidecars", "on_corrupt", "on_error"), ".tar"),
-    "jsonl": ("jsonl", "JsonlSource", ("resample", "ref_fields", "on_error"), ".jsonl"),
+    "tars": (
+        "tars",
+        "TarsSource",
+        ("resample", "sidecars", "on_corrupt", "on_error", "shuffle_mode"),
+        ".tar",
+    ),
+    "jsonl": ("jsonl", "JsonlSource", ("resample", "ref_fields", "on_error", "shuffle_mode"), ".jsonl"),
     "parquet": (
         "parquet",
         "ParquetSource",
-        ("resample", "columns", "batch_size", "use_threads", "on_error"),
+        (
+            "resample",
+            "columns",
+            "batch_size",
+            "use_threads",
+            "on_error",
+            "shuffle_mode",
+            "min_row_groups_per_chunk",
+        ),
         ".parquet",
     ),
     "lance": (
@@ -65,6 +78,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
     module = importlib.import_module(f"shardcache.sources.{_KINDS[kind][0]}")
     checker: Callable[[dict[str, Any]], None] = module.check_options
     checker(options)
+    check_shuffle_mode(kind, options)
     check_plan_options(options)
     check_partition_options(options)
     check_on_error(options)

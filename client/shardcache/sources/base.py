@@ -22,12 +22,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError, CorruptShardError, RemoteFailed, RemoteNotFound, StateError
+from shardcache.errors import (
+    ConfigError,
+    CorruptShardError,
+    RemoteFailed,
+    RemoteNotFound,
+    StateError,
+    UnsupportedResume,
+)
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import DaemonSetting, ShardOpener
 from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch, resolve, weights_of
-from shardcache.sources.schedule import PLAN_OPTIONS, PlanTracker, job_id, slot_order
+from shardcache.sources.schedule import (
+    PLAN_OPTIONS,
+    PlanTracker,
+    job_id,
+    order_neutral,
+    shuffles_units,
+    slot_order,
+)
 from shardcache.stages.base import Node, State
 from shardcache.subsets import select_units
 
@@ -69,6 +83,11 @@ class SourceSpec:
     def resample(self) -> bool:
         return bool(self.options.get("resample", False))
 
+    @property
+    def shuffles_units(self) -> bool:
+        """Whether the unit order is permuted per epoch (`shuffle_mode`, see `sources.schedule`)."""
+        return shuffles_units(self.kind, self.options)
+
     def describe(self) -> str:
         """A stable description (no object ids) used for state and cache fingerprints."""
         from shardcache.stages.map import callable_name
@@ -80,8 +99,15 @@ class SourceSpec:
                 return "[" + ",".join(show(v) for v in value) + "]"
             return repr(value)
 
-        # Plan hints and credentials (lance storage_options) change neither the data nor the fingerprint.
-        shown = (k for k in sorted(self.options) if k not in PLAN_OPTIONS and k != "storage_options")
+        # Plan hints, credentials (lance storage_options) and options that leave the data and its order as
+        # their default does (`schedule.order_neutral`) change neither the data nor the fingerprint.
+        shown = (
+            k
+            for k in sorted(self.options)
+            if k not in PLAN_OPTIONS
+            and k != "storage_options"
+            and not order_neutral(self.kind, k, self.options[k])
+        )
         options = ",".join(f"{k}={show(self.options[k])}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
@@ -130,7 +156,7 @@ class SourceNode(Node):
 
     def order(self, units: list[Unit], round_index: int) -> list[int]:
         """Indices of the units this slot reads in `round_index` of the current epoch."""
-        return slot_order(len(units), self.ctx, self.epoch, round_index)
+        return slot_order(len(units), self.ctx, self.epoch, round_index, self.spec.shuffles_units)
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         """The samples of `unit` from index `start` on."""
@@ -178,6 +204,12 @@ class SourceNode(Node):
         part = self.partitioning
         counts = unit_counts(self, units) if part.even is not None or needs_counts(self.origin) else None
         if self.origin is not None and round_index == 0:
+            if not self.spec.shuffles_units:
+                # shardcache.elastic replans the checkpointed epoch with the shuffled deal.
+                raise UnsupportedResume(
+                    f"an elastic resume of a {self.spec.kind} source read with shuffle_mode='none' is not "
+                    "supported: resume on the same topology, or at the next epoch boundary"
+                )
             universe = remaining_pieces(self, units, self.origin, counts)
         else:
             universe = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
@@ -189,6 +221,7 @@ class SourceNode(Node):
             self.ctx.seed,
             self.epoch,
             round_index,
+            shuffle=self.spec.shuffles_units,
             fixed_owner=self.fixed_owner(units),
         )
 

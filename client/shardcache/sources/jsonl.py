@@ -1,7 +1,8 @@
 """The "jsonl" source: JSON lines, split into slot-aligned logical shards by line ranges (no copies written).
 
 Every file is cut into `total_slots` contiguous line ranges and slot s reads range s of every file, in a file
-order fixed by (seed, epoch): each line is read once per epoch across slots, whatever the number of files.
+order fixed by (seed, epoch), or source order under `shuffle_mode="none"`: each line is read once per epoch
+across slots, whatever the number of files.
 Fields named in `ref_fields` may hold `tar://<shard>#<key>.<field>` references, resolved to member bytes.
 Files may be compressed (`.jsonl.gz`; `.jsonl.zst` with the `zstd` extra), and so may referenced tars.
 """
@@ -56,7 +57,9 @@ class JsonlSource(SourceNode):
 
     def order(self, units: list[Unit], round_index: int) -> list[int]:
         total = self.ctx.total_slots
-        files = permutation(len(self.spec.shards), self.ctx.seed, self.epoch, round_index)
+        n = len(self.spec.shards)
+        shuffled = self.spec.shuffles_units  # shuffle_mode="none": files in source order
+        files = permutation(n, self.ctx.seed, self.epoch, round_index) if shuffled else list(range(n))
         # Resampling rotates the line range a slot reads, so successive rounds see other lines.
         part = (self.ctx.slot + round_index) % total
         return [f * total + part for f in files]

@@ -1,10 +1,17 @@
-"""The "parquet" source: one sample per row, scheduled by row group across slots."""
+"""The "parquet" source: one sample per row, scheduled by chunks of row groups across slots.
+
+A unit is a chunk of `min_row_groups_per_chunk` consecutive row groups of one file (default 1; a file's last
+chunk holds what is left), as mvp-dataset 0.2.3 schedules them. When that gives fewer chunks than slots, every
+row group is its own chunk again, so no slot is left without work. `use_threads` is passed to pyarrow's
+reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.schedule`'s.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError
@@ -17,6 +24,15 @@ logger = logging.getLogger(__name__)
 def check_options(options: dict[str, Any]) -> None:
     """Validate the parquet keyword arguments."""
     check_columns_and_batch_size(options)
+    per_chunk = options.get("min_row_groups_per_chunk", 1)
+    if isinstance(per_chunk, bool) or not isinstance(per_chunk, int) or per_chunk < 1:
+        raise ConfigError(
+            f"min_row_groups_per_chunk={per_chunk!r}: expected an integer >= 1 "
+            "(consecutive row groups scheduled as one unit)"
+        )
+    use_threads = options.get("use_threads", True)
+    if not isinstance(use_threads, bool):
+        raise ConfigError(f"use_threads={use_threads!r}: expected True or False (pyarrow's threaded reads)")
 
 
 def _pq() -> Any:
@@ -27,24 +43,47 @@ def _pq() -> Any:
     return pq
 
 
+@dataclass(frozen=True)
+class Chunk(Unit):
+    """Row groups `part` .. `part + row_groups - 1` of one file; `offset` is the first row's index in it."""
+
+    row_groups: int = 1
+
+
+def chunk_row_groups(rows: Sequence[int], per_chunk: int) -> list[tuple[int, int, int]]:
+    """(first row group, row groups, rows) of each chunk of one file's row groups (`rows`: rows per group)."""
+    return [
+        (first, len(rows[first : first + per_chunk]), sum(rows[first : first + per_chunk]))
+        for first in range(0, len(rows), per_chunk)
+    ]
+
+
 class ParquetSource(SourceNode):
     counted_by_metadata = True  # row groups carry their row counts
 
     def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
         # Listing the row groups of shards read later would open (fetch) them now; a shard-level order is
         # a close enough hint for the daemon, and the real plan replaces it when those shards are read.
-        return [urls[i] for i in slot_order(len(urls), self.ctx, epoch)]
+        order = slot_order(len(urls), self.ctx, epoch, shuffle=self.spec.shuffles_units)
+        return [urls[i] for i in order]
 
     def units(self) -> list[Unit]:
         pq = _pq()
-        units: list[Unit] = []
+        files: list[tuple[Any, list[int]]] = []
         for ref in self.spec.shards:
             with self.opener.open(ref) as f:
                 meta = pq.ParquetFile(f).metadata
+            files.append((ref, [meta.row_group(rg).num_rows for rg in range(meta.num_row_groups)]))
+        per_chunk = self.spec.options.get("min_row_groups_per_chunk", 1)
+        chunks = [(ref, chunk_row_groups(rows, per_chunk)) for ref, rows in files]
+        if per_chunk > 1 and sum(len(c) for _, c in chunks) < self.ctx.total_slots:
+            # As mvp-dataset does: too few chunks for the slots, so schedule row group by row group.
+            chunks = [(ref, chunk_row_groups(rows, 1)) for ref, rows in files]
+        units: list[Unit] = []
+        for ref, file_chunks in chunks:
             offset = 0
-            for rg in range(meta.num_row_groups):
-                rows = meta.row_group(rg).num_rows
-                units.append(Unit(ref, rg, offset, rows))
+            for first, groups, rows in file_chunks:
+                units.append(Chunk(ref, first, offset, rows, groups))
                 offset += rows
         if len(units) < self.ctx.total_slots and not self.spec.resample:
             logger.warning(
@@ -61,11 +100,12 @@ class ParquetSource(SourceNode):
         url = unit.ref.url
         stem = os.path.basename(url)
         index = unit.offset
+        groups = unit.row_groups if isinstance(unit, Chunk) else 1
         with self.opener.open(unit.ref, plan) as f:
             reader = pq.ParquetFile(f)
             batches = reader.iter_batches(
                 batch_size=options.get("batch_size", 65536),
-                row_groups=[unit.part],
+                row_groups=list(range(unit.part, unit.part + groups)),
                 columns=list(columns) if columns is not None else None,
                 use_threads=options.get("use_threads", True),
             )

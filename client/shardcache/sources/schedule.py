@@ -10,6 +10,12 @@ the epoch's iteration ends; the next epoch's plan stays when the epoch ran to it
 re-registers it, keeping its cursor, and the daemon expires plans nobody uses). Nothing here runs with
 `daemon=None`.
 
+`shuffle_mode` (mvp-dataset 0.2.3's source option, tars/jsonl/parquet) picks the unit order: the kind's
+default ("shard_aware" for tars and jsonl, "chunk_aware" for parquet) is the seeded permutation above, and
+"none" reads the units in source order, dealt to slots the same way. Samples within a unit are always in
+file order; shuffling samples is the `.shuffle()` stage's job. mvp-dataset refuses "global" for these kinds,
+and so do we.
+
 A dataset that is one piece of a longer epoch (a mini-epoch chunk) says what is read after it with two
 source options: `plan_following`, a sequence of `(epoch, urls)` groups each read as its own dataset at that
 epoch, and `job`, the job id every piece shares. Its "next" plan is then this slot's order over those groups
@@ -34,6 +40,47 @@ logger = logging.getLogger(__name__)
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
 PLAN_OPTIONS = ("plan_following", "job", "node_owners")
+
+
+# kind -> its shuffle modes, the default first (mvp-dataset 0.2.3; lance has its own, see sources.lance).
+SHUFFLE_MODES: dict[str, tuple[str, ...]] = {
+    "tars": ("shard_aware", "none"),
+    "jsonl": ("shard_aware", "none"),
+    "parquet": ("chunk_aware", "none"),
+}
+
+
+def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
+    """Validate `shuffle_mode` for a shard kind, naming the values it accepts."""
+    modes = SHUFFLE_MODES.get(kind)
+    if modes is None or "shuffle_mode" not in options:
+        return
+    mode = options["shuffle_mode"]
+    if mode not in modes:
+        hint = " ('global' is not supported for this kind, as in mvp-dataset)" if mode == "global" else ""
+        raise ConfigError(
+            f"shuffle_mode={mode!r}: {kind} accepts {' or '.join(map(repr, modes))}{hint}; "
+            f"the default {modes[0]!r} shuffles the units per epoch, 'none' keeps source order"
+        )
+
+
+def shuffles_units(kind: str, options: Any) -> bool:
+    """Whether a source permutes its units per epoch (every kind but an explicit shuffle_mode="none")."""
+    return kind not in SHUFFLE_MODES or options.get("shuffle_mode", SHUFFLE_MODES[kind][0]) != "none"
+
+
+def order_neutral(kind: str, name: str, value: Any) -> bool:
+    """Whether option `name=value` reads the same samples in the same order as leaving it out does.
+
+    Such options stay out of the fingerprints, so spelling a default out keeps saved states valid:
+    the kind's default `shuffle_mode`, `min_row_groups_per_chunk=1`, and parquet's `use_threads` (pyarrow
+    decodes the same rows either way).
+    """
+    if name == "shuffle_mode":
+        return kind in SHUFFLE_MODES and value == SHUFFLE_MODES[kind][0]
+    if kind == "parquet":
+        return name == "use_threads" or (name == "min_row_groups_per_chunk" and value == 1)
+    return False
 
 
 def check_plan_options(options: dict[str, Any]) -> None:
