@@ -263,6 +263,7 @@ def remaining_pieces(
         Partitioning(placement, even, exchange),
         node.ctx.seed,
         int(origin["epoch"]),
+        shuffle=node.spec.shuffles_units,  # the deal the checkpointed epoch used (shuffle_mode)
     )
     exhausted = set(origin.get("exhausted", ()))
     left: list[Piece] = []

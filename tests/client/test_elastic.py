@@ -71,14 +71,16 @@ TOPOLOGY_CHANGES = {
 }
 
 
+@pytest.mark.parametrize("shuffle_mode", ["shard_aware", "none"])
 @pytest.mark.parametrize("placement", ["auto", "global"])
 @pytest.mark.parametrize(("old", "new"), TOPOLOGY_CHANGES.values(), ids=TOPOLOGY_CHANGES.keys())
 def test_elastic_resume_reads_every_remaining_sample_exactly_once(
-    tars: list[str], old: tuple[int, int, int], new: tuple[int, int, int], placement: str
+    tars: list[str], old: tuple[int, int, int], new: tuple[int, int, int], placement: str, shuffle_mode: str
 ) -> None:
-    seen, merged = checkpoint(tars, contexts(*old), placement=placement)
+    options = {"placement": placement, "shuffle_mode": shuffle_mode}
+    seen, merged = checkpoint(tars, contexts(*old), **options)
     assert 0 < len(seen) < sum(ALL.values())
-    rest = [s["__key__"] for slot in resume(tars, merged, contexts(*new), placement=placement) for s in slot]
+    rest = [s["__key__"] for slot in resume(tars, merged, contexts(*new), **options) for s in slot]
     assert Counter(seen) + Counter(rest) == ALL  # none lost, none twice
     assert not set(seen) & set(rest)
 

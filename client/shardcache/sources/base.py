@@ -28,7 +28,6 @@ from shardcache.errors import (
     RemoteFailed,
     RemoteNotFound,
     StateError,
-    UnsupportedResume,
 )
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
@@ -204,12 +203,6 @@ class SourceNode(Node):
         part = self.partitioning
         counts = unit_counts(self, units) if part.even is not None or needs_counts(self.origin) else None
         if self.origin is not None and round_index == 0:
-            if not self.spec.shuffles_units:
-                # shardcache.elastic replans the checkpointed epoch with the shuffled deal.
-                raise UnsupportedResume(
-                    f"an elastic resume of a {self.spec.kind} source read with shuffle_mode='none' is not "
-                    "supported: resume on the same topology, or at the next epoch boundary"
-                )
             universe = remaining_pieces(self, units, self.origin, counts)
         else:
             universe = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
