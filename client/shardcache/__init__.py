@@ -9,7 +9,7 @@ from shardcache.cache.config import CacheConfig
 from shardcache.cache.entries import CacheEntryInfo, clear_cache, list_cache_entries
 from shardcache.cache.snapshot import FingerprintProvider
 from shardcache.consume import Consumer
-from shardcache.context import DataLoadMesh, RuntimeContext
+from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.dataset import Dataset
@@ -34,6 +34,7 @@ from shardcache.log import (
     set_log_level,
     set_logger,
 )
+from shardcache.mesh import DataLoadMesh
 
 __version__ = "0.1.0"
 

@@ -136,9 +136,8 @@ class WorkerStream:
             return
         # A private copy: the caller's keeps its state; counts from the order when the main process sent them.
         source = self.dataset
-        if order.facts is not None:
-            source = Dataset(source.source, source.stages, epoch=source.epoch, facts=order.facts)
-        ds = source.with_stages(source.stages)
+        facts = source.run_facts if order.facts is None else order.facts
+        ds = Dataset(source.source, source.stages, epoch=source.epoch, facts=facts)
         if order.epoch is not None:
             ds.set_epoch(order.epoch)
         state = order.states.get(wid)
@@ -188,7 +187,6 @@ class WorkerLauncher:
         self.num_workers = num_workers
         self.loader_kwargs = loader_kwargs
         self.home = home
-        self.dataloader: Any = None  # the DataLoader of the latest iteration (the watchdog reads its pids)
 
     def __call__(self, states: dict[int, State], exhausted: frozenset[int]) -> Iterator[Item]:
         base = self.stream
@@ -199,13 +197,11 @@ class WorkerLauncher:
         )
         home = self.home
         if home is not None and home.persistent:
-            self.dataloader = home.loader_for(base, order, self.num_workers, self.loader_kwargs)
-            return iter(self.dataloader)
+            return iter(home.loader_for(base, order, self.num_workers, self.loader_kwargs))
         stream = WorkerStream(
             base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
         )
-        self.dataloader = _dataloader(stream, self.num_workers, self.loader_kwargs)
-        return iter(self.dataloader)
+        return iter(_dataloader(stream, self.num_workers, self.loader_kwargs))
 
 
 def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> Any:

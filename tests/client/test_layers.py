@@ -39,6 +39,7 @@ BASE = {
     "shardcache.formatting",
     "shardcache.jobs",
     "shardcache.log",
+    "shardcache.mesh",
 }
 DAEMON_ACCESS = "shardcache.daemon_access"
 PROTOCOL = "shardcache_protocol"
