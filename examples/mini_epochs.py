@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.mini_epochs import mini_epochs
 
 logger = logging.getLogger("mini_epochs")
 CHECKPOINT = re.compile(r"checkpoint_epoch(\d+)_chunk(\d+)\.pt$")
@@ -88,7 +87,7 @@ def train(args: argparse.Namespace) -> list[str]:
     written = []
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)  # reshuffles the shard order, so the chunking changes with the epoch
-        chunks = mini_epochs(dataset, args.shards_per_chunk, num_workers=args.workers)
+        chunks = dataset.mini_epochs(args.shards_per_chunk, num_workers=args.workers)
         for chunk_index in range(start_chunk if epoch == start_epoch else 0, len(chunks)):
             loader = torch.utils.data.DataLoader(
                 chunks[chunk_index],  # type: ignore[arg-type]

@@ -5,15 +5,10 @@
 
 from __future__ import annotations
 
-from shardcache.cache.config import CacheConfig
-from shardcache.cache.entries import CacheEntryInfo, clear_cache, list_cache_entries
-from shardcache.cache.snapshot import FingerprintProvider
-from shardcache.consume import Consumer
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.dataset import Dataset
-from shardcache.elastic import merge_states
 from shardcache.errors import (
     CacheError,
     ConfigError,
@@ -25,7 +20,7 @@ from shardcache.errors import (
     StateError,
     UnsupportedResume,
 )
-from shardcache.loader import TorchLoader
+from shardcache.loader.torch_loader import TorchLoader
 from shardcache.log import (
     get_log_level,
     get_logger,
@@ -35,6 +30,11 @@ from shardcache.log import (
     set_logger,
 )
 from shardcache.mesh import DataLoadMesh
+from shardcache.pipeline.consume import Consumer
+from shardcache.resume.elastic import merge_states
+from shardcache.snapshots.config import CacheConfig
+from shardcache.snapshots.entries import CacheEntryInfo, clear_cache, list_cache_entries
+from shardcache.snapshots.snapshot import FingerprintProvider
 
 __version__ = "0.1.0"
 

@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
 
-    from shardcache.cache.cli import add_cache_subcommands
+    from shardcache.snapshots.cli import add_cache_subcommands
 
     add_cache_subcommands(sub)
     return parser
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     if args.command == "cache":
         # `.cache()` entries are local Lance datasets: no daemon is involved.
-        from shardcache.cache.cli import run_cache_command
+        from shardcache.snapshots.cli import run_cache_command
 
         return run_cache_command(args)
     # An operator's command fails at once when no daemon answers, instead of waiting out a restart.

@@ -1,27 +1,35 @@
 """`Dataset`: the immutable, chainable pipeline facade (mvp-dataset's public API).
 
-Every stage method returns a new Dataset. Iterating resolves the runtime context (explicit, else torch and
-environment), builds one node per stage over the source node, and returns a `PipelineIterator`, whose
-`state_dict()` a trainer checkpoints (`shardcache.iteration`). Resume states are checked and turned into
-a start point in `shardcache.dataset_resume`; the `.cache()` boundary is `shardcache.cache_boundary`.
+A Dataset is a `PipelineSpec` (`shardcache.pipeline.spec`: root source, stages, the main process's facts)
+plus its mutable side: the epoch of `set_epoch`, its latest iterator and a state to resume. Every method
+that changes the pipeline returns a new Dataset over a new spec, made by the feature's spec-to-spec
+function (`shardcache.pipeline.*`, `shardcache.snapshots`). Iterating resolves the runtime context
+(explicit, else torch and environment) and starts one slot's pass (`shardcache.pipeline.iteration.start`),
+whose `state_dict()` a trainer checkpoints (`shardcache.resume`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from shardcache.cache_boundary import CACHE_DEFAULTS as CACHE_DEFAULTS
-from shardcache.cache_boundary import cache_stage, cut_at_cache
 from shardcache.context import RuntimeContext, in_main_process
-from shardcache.dataset_resume import Runtime, check_loaded, resume_point
 from shardcache.errors import ConfigError
-from shardcache.iteration import PipelineIterator
+from shardcache.pipeline import mini_epochs as chunks
+from shardcache.pipeline import mixing, subsets
+from shardcache.pipeline.build import build
+from shardcache.pipeline.consume import Consumer, consume
+from shardcache.pipeline.iteration import PipelineIterator, start
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.point import check_loaded
+from shardcache.resume.state import LiveState
 from shardcache.shards import ShardRef, expand_shards
-from shardcache.sources import SourceNode, SourceSpec, canonical_kind, check_options, node_class
-from shardcache.sources.counting import RunFacts, unit_counts
+from shardcache.snapshots.boundary import cached
+from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
+from shardcache.sources import SourceSpec, canonical_kind, check_options, data_suffix
+from shardcache.sources.counting import RunFacts
+from shardcache.sources.lance import check_daemon
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.stages import Node, Stage, builders
 
@@ -34,10 +42,6 @@ def _register_with_torch() -> None:
         data.IterableDataset.register(Dataset)
 
 
-def _describe(source: SourceSpec, stages: Sequence[Stage]) -> str:
-    return "\n".join([source.describe(), *(stage.describe() for stage in stages)])
-
-
 class Dataset:
     """An immutable iterable pipeline over shards served by the node daemon.
 
@@ -48,18 +52,14 @@ class Dataset:
         ...     train_step(sample)
     """
 
-    def __init__(
-        self,
-        source: SourceSpec,
-        stages: Sequence[Stage] = (),
-        *,
-        epoch: int | None = None,
-        facts: RunFacts | None = None,
-    ) -> None:
-        self._source = source
-        self._stages: tuple[Stage, ...] = tuple(stages)
-        self._runtime = Runtime(epoch, facts)
+    def __init__(self, spec: PipelineSpec, *, epoch: int | None = None) -> None:
+        self._spec = spec
+        self._epoch = epoch
+        self._live = LiveState()
         _register_with_torch()
+
+    def _derive(self, spec: PipelineSpec) -> Dataset:
+        return Dataset(spec, epoch=self._epoch)
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -104,10 +104,11 @@ class Dataset:
         Raises:
             ConfigError: an unknown kind or argument, or a bad value; the message names it.
         """
-        if source_kind == "mixed":  # sources=, strategy=, weights= (see shardcache.mixing.mixed_source)
-            from shardcache.mixing import mixed_source
-
-            return mixed_source(options.pop("sources", shards), context=context, **options)
+        if (
+            source_kind == "mixed"
+        ):  # sources=, strategy=, weights= (see shardcache.pipeline.mixing.mixed_source)
+            members = _specs_of(options.pop("sources", shards))
+            return cls(mixing.mixed_source(members, context=context, **options))
         kind = canonical_kind(source_kind)
         if context is not None and not isinstance(context, RuntimeContext):
             raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
@@ -117,15 +118,11 @@ class Dataset:
             if isinstance(shards, (str, ShardRef)) or not isinstance(shards, Sequence):
                 shards = [shards]
             refs = [s if isinstance(s, ShardRef) else ShardRef(str(s)) for s in shards]
-            from shardcache.sources.lance import check_daemon
-
             check_daemon(daemon)
             daemon = None  # Lance reads its URIs with its own object-store support.
         else:
-            from shardcache.sources import data_suffix
-
             refs = expand_shards(shards, data_suffix=data_suffix(kind))
-        return cls(SourceSpec(kind, tuple(refs), dict(options), context, daemon))
+        return cls(PipelineSpec(SourceSpec(kind, tuple(refs), dict(options), context, daemon)))
 
     @staticmethod
     def mix(
@@ -140,40 +137,56 @@ class Dataset:
         *,
         context: RuntimeContext | None = None,
     ) -> Dataset:
-        """Weighted mixing of datasets (see `shardcache.mixing.mix`)."""
-        from shardcache.mixing import mix
-
-        return mix(
-            datasets, weights, temperature, virtual_size, max_scale_up, seed, recipe, main, context=context
+        """Weighted mixing of datasets (see `shardcache.pipeline.mixing.mix`)."""
+        spec = mixing.mix(
+            _specs_of(datasets),
+            weights,
+            temperature,
+            virtual_size,
+            max_scale_up,
+            seed,
+            recipe,
+            main,
+            context=context,
         )
+        return Dataset(spec)
 
     def mini_epochs(self, shards_per_chunk: int, *, num_workers: int | None = None) -> list[Dataset]:
-        """This epoch's shards in consecutive chunks (see `shardcache.mini_epochs.mini_epochs`)."""
-        from shardcache.mini_epochs import mini_epochs
+        """This epoch's shards in consecutive chunks (see `shardcache.pipeline.mini_epochs.mini_epochs`)."""
+        ctx = self.resolve_context()
+        specs = chunks.mini_epochs(self._spec, ctx, shards_per_chunk, num_workers=num_workers)
+        return [Dataset(spec, epoch=ctx.epoch) for spec in specs]
 
-        return mini_epochs(self, shards_per_chunk, num_workers=num_workers)
+    def epoch_shard_order(self) -> list[int]:
+        """Indices into ``source.shards`` in the order this epoch reads them (what `mini_epochs` cuts)."""
+        return chunks.epoch_shard_order(self._spec, self.resolve_context())
+
+    @property
+    def spec(self) -> PipelineSpec:
+        """The immutable pipeline this dataset is (`shardcache.pipeline.spec`)."""
+        return self._spec
 
     @property
     def source(self) -> SourceSpec:
         """The frozen source spec."""
-        return self._source
+        return self._spec.source
 
     @property
     def run_facts(self) -> RunFacts:
         """What the main process learned for this dataset (counts, torch.distributed): workers get it."""
-        return self._runtime.facts
+        return self._spec.facts
 
     @property
     def stages(self) -> tuple[Stage, ...]:
         """The frozen stage specs, in order."""
-        return self._stages
+        return self._spec.stages
 
     def with_stages(self, stages: Sequence[Stage]) -> Dataset:
         """The same source with another stage list."""
-        return Dataset(self._source, stages, epoch=self._runtime.epoch, facts=self._runtime.facts)
+        return self._derive(self._spec.with_stages(stages))
 
     def _add(self, stage: Stage) -> Dataset:
-        return self.with_stages((*self._stages, stage))
+        return self._derive(self._spec.then(stage))
 
     def map(self, fn: Callable[[Any], Any]) -> Dataset:
         """Apply `fn` to every sample."""
@@ -209,7 +222,7 @@ class Dataset:
         max_rows_per_fragment: int = 5000,
         **extra: Any,
     ) -> Dataset:
-        """Materialise everything before this point once into a local Lance dataset (`shardcache.cache`)."""
+        """Materialise everything before this point once into a local Lance dataset (`snapshots`)."""
         options = {
             "cache_dir": cache_dir,
             "cache_num_workers": cache_num_workers,
@@ -217,7 +230,7 @@ class Dataset:
             "max_rows_per_fragment": max_rows_per_fragment,
             **extra,
         }
-        return self._add(cache_stage(self._source, self._stages, options))
+        return self._derive(cached(self._spec, options))
 
     # -- epochs, state, fingerprints ------------------------------------------------------------------------
 
@@ -225,27 +238,27 @@ class Dataset:
         """Use `epoch` for the next iterations: shard order and shuffles derive from (seed, epoch)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r}: expected a non-negative integer")
-        self._runtime.epoch = epoch
+        self._epoch = epoch
 
     @property
     def epoch(self) -> int | None:
         """The epoch set by `set_epoch` (None: the context's)."""
-        return self._runtime.epoch
+        return self._epoch
 
     def fingerprint(self) -> str:
         """A stable hash of the source and stage list (what a resume state must match)."""
-        return hashlib.sha256(_describe(self._source, self._stages).encode()).hexdigest()[:32]
+        return self._spec.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the most recent iterator (or the state loaded and not yet used)."""
-        return self._runtime.state_dict()
+        return self._live.state_dict("state_dict(): this dataset has not been iterated yet; iterate it first")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume from `state`: this reader's own `state_dict()`, or the states of
         every rank merged by `shardcache.merge_states` (which resumes on any number of nodes, ranks and
-        workers; see `shardcache.elastic`; checks in `shardcache.dataset_resume`)."""
-        check_loaded(self, state)
-        self._runtime.pending = state
+        workers; see `shardcache.resume.elastic`; checks in `shardcache.resume.point`)."""
+        check_loaded(self._spec, state)
+        self._live.pending = state
 
     def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
         """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
@@ -254,32 +267,16 @@ class Dataset:
         handing the dataset to a plain torch DataLoader, whose workers cannot share counts. `always`: count
         without `even=` too (an elastic resume through a shuffle counts its progress in samples).
         """
-        self._runtime.facts.capture()
-        if self._source.kind == "mix" or any(stage.kind == "cache" for stage in self._stages):
-            return  # a mix's members count when they are read; a cached dataset's rows are lance's
-        node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
-        if not isinstance(node, SourceNode) or not node.partitionable or node.counted_by_metadata:
-            return
-        if node.partitioning.even is not None or always:
-            from shardcache.subsets import select_units
-
-            units = select_units(self._source.kind, node.units(), self._source.options.get("subset"))
-            unit_counts(node, units)
-        node.close()
+        self._spec.count_samples(self.resolve_context(context), always=always)
 
     def partitioning_of(self, context: RuntimeContext | None = None) -> list[Any] | None:
         """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix),
-        as its states record them: what an elastic resume replays (`shardcache.elastic`)."""
-        if self._source.kind == "mix":
-            return None
-        node = node_class(self._source.kind)(self._source, self.resolve_context(context), self._runtime.facts)
-        return node.partitioning.as_list() if isinstance(node, SourceNode) else None
+        as its states record them: what an elastic resume replays (`shardcache.resume.elastic`)."""
+        return self._spec.partitioning_of(self.resolve_context(context))
 
     def parts(self) -> list[str]:
-        """Short descriptions of the source and each stage, carried in states (`shardcache.resume_check`)."""
-        from shardcache.resume_check import pipeline_parts
-
-        return pipeline_parts(self._source, self._stages)
+        """Short descriptions of the source and each stage, carried in states (`shardcache.resume.check`)."""
+        return self._spec.parts()
 
     # -- iteration ------------------------------------------------------------------------------------------
 
@@ -292,30 +289,12 @@ class Dataset:
 
     def resolve_context(self, context: RuntimeContext | None = None) -> RuntimeContext:
         """The context an iteration uses: explicit (adjusted to the torch worker running it) or inferred."""
-        explicit = context if context is not None else self._source.context
-        if explicit is not None:
-            ctx = explicit.in_current_worker()
-        else:
-            ctx = RuntimeContext.from_runtime()
-        if self._runtime.epoch is not None:
-            ctx = ctx.with_epoch(self._runtime.epoch)
-        return ctx
+        return self._spec.resolve_context(context, self._epoch)
 
     def iter_context(self, context: RuntimeContext | None = None) -> PipelineIterator:
         """Iterate as the slot `context` names (tests simulate ranks and workers this way)."""
-        ctx = self.resolve_context(context)
-        self._runtime.facts.capture()
-        pending, self._runtime.pending = self._runtime.pending, None
-        resume = resume_point(self, pending, ctx)
-        if resume is not None:
-            ctx = ctx.with_epoch(resume.epoch)
-        node = self.build(ctx)
-        if resume is not None:
-            resume.restore(node)
-        iterator = PipelineIterator(node, ctx, self.fingerprint(), self.parts())
-        if resume is not None:
-            resume.carry_over(iterator)
-        self._runtime.iterator = iterator
+        iterator = start(self._spec, self.resolve_context(context), self._live.take_pending())
+        self._live.iterator = iterator
         return iterator
 
     def __iter__(self) -> Iterator[Any]:
@@ -325,59 +304,48 @@ class Dataset:
         if in_main_process():
             # A trainer's own loop: report its wait time to the daemon (DataLoader workers do not; a
             # TorchLoader reports for all of them from the main process).
-            kinds = [stage.kind for stage in self._stages if stage.kind in ("batch", "unbatch")]
-            iterator.report_to_daemon(self._source, batched=bool(kinds) and kinds[-1] == "batch")
+            kinds = [stage.kind for stage in self.stages if stage.kind in ("batch", "unbatch")]
+            iterator.report_to_daemon(self.source, batched=bool(kinds) and kinds[-1] == "batch")
         return iterator
 
     def build(self, ctx: RuntimeContext) -> Node:
-        """The node chain of this pipeline for one slot (resolving a `.cache()` boundary first)."""
-        source, stages = cut_at_cache(self._source, self._stages, ctx)
-        node: Node
-        if source.kind == "mix":  # a mix of other datasets (shardcache.mixing.MixSource)
-            from shardcache.mixing import MixSource
-
-            assert isinstance(source, MixSource)
-            node = source.node(ctx)
-        else:
-            node = node_class(source.kind)(source, ctx, self._runtime.facts)
-        for stage in stages:
-            node = stage.node(node, ctx)
-        return node
+        """The node chain of this pipeline for one slot (`shardcache.pipeline.build`)."""
+        return build(self._spec, ctx)
 
     def __repr__(self) -> str:
-        stages = "".join(f".{s.describe()}" for s in self._stages)
-        if self._source.kind == "mix":
-            return f"Dataset.mix({self._source!r}){stages}"
-        return f"Dataset.from_source({self._source.kind!r}, <{len(self._source.shards)} shards>){stages}"
+        stages = "".join(f".{s.describe()}" for s in self.stages)
+        if self._spec.composed:
+            return f"Dataset.mix({self.source!r}){stages}"
+        return f"Dataset.from_source({self.source.kind!r}, <{len(self.source.shards)} shards>){stages}"
 
     # -- mvp-dataset 0.2.3's subsets, filter, consume and snapshot (see the modules named) ------------------
 
     def split(self, fractions: Sequence[float]) -> tuple[Dataset, ...]:
-        """Disjoint datasets covering this one, in source order (`shardcache.subsets`)."""
-        from shardcache.subsets import split_dataset
-
-        return split_dataset(self, fractions)
+        """Disjoint datasets covering this one, in source order (`shardcache.pipeline.subsets`)."""
+        return tuple(self._derive(spec) for spec in subsets.split(self._spec, fractions))
 
     def sample(self, fraction: float, *, seed: int = 0) -> Dataset:
-        """A seeded subset of `fraction` of the source, without replacement (`shardcache.subsets`)."""
-        from shardcache.subsets import sample_dataset
-
-        return sample_dataset(self, fraction, seed)
+        """A seeded subset of `fraction` of the source, without replacement (`pipeline.subsets`)."""
+        return self._derive(subsets.sample(self._spec, fraction, seed))
 
     def filter(self, predicate: str | Sequence[str], *, index: Mapping[str, Any] | None = None) -> Dataset:
-        """Lance rows matching a SQL predicate, or any of a list of them (`shardcache.subsets`)."""
-        from shardcache.subsets import filter_dataset
+        """Lance rows matching a SQL predicate, or any of a list of them (`shardcache.pipeline.subsets`)."""
+        return self._derive(subsets.filter_rows(self._spec, predicate, index))
 
-        return filter_dataset(self, predicate, index)
+    def consume(self, factory: Callable[[RuntimeContext], Consumer]) -> Any:
+        """Push every output into `factory(context)` and return its `finish()` (`pipeline.consume`)."""
+        return consume(lambda: self.iter_context(None), factory)
 
-    def consume(self, factory: Callable[[RuntimeContext], Any]) -> Any:
-        """Push every output into `factory(context)` and return its `finish()` (`shardcache.consume`)."""
-        from shardcache.consume import consume
-
-        return consume(self, factory)
-
-    def snapshot(self, fingerprint_provider: Callable[[], str] | None = None, **options: Any) -> Dataset:
+    def snapshot(self, fingerprint_provider: FingerprintProvider | None = None, **options: Any) -> Dataset:
         """`.cache()` under mvp-dataset's name, optionally named by `fingerprint_provider()`."""
-        from shardcache.cache.snapshot import snapshot
+        return self._derive(snapshot(self._spec, fingerprint_provider, **options))
 
-        return snapshot(self, fingerprint_provider, **options)
+
+def _specs_of(datasets: Any) -> Any:
+    """The pipelines of a mapping or list of Datasets, for the mix features (anything else passes as it is,
+    for their checks to name)."""
+    if isinstance(datasets, Mapping):
+        return {name: ds.spec if isinstance(ds, Dataset) else ds for name, ds in datasets.items()}
+    if isinstance(datasets, Sequence) and not isinstance(datasets, str):
+        return [ds.spec if isinstance(ds, Dataset) else ds for ds in datasets]
+    return datasets

@@ -1,6 +1,8 @@
-"""Human-readable figures for the command line and the examples (no dependency on the rest of the client)."""
+"""Human-readable names and figures: callables in fingerprints, byte counts on the command line."""
 
 from __future__ import annotations
+
+from typing import Any
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -17,3 +19,8 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
+
+
+def callable_name(fn: Any) -> str:
+    """`module.qualname` of a callable: how fingerprints and resume checks name maps, factories, collates."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

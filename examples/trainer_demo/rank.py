@@ -187,7 +187,7 @@ def run_rank(cfg: RankConfig, events: Any, barrier: Any) -> None:
     dump_stacks_on_sigusr1()  # its DataLoader workers inherit it
     import torch
 
-    from shardcache.loader import TorchLoader
+    from shardcache.loader.torch_loader import TorchLoader
 
     try:
         # The validation cache loads lance in this process; the DataLoader workers forked afterwards never

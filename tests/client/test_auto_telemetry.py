@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
-from shardcache.iteration import PipelineIterator
+from shardcache.pipeline.iteration import PipelineIterator
 from tests.support.daemon_api import client_samples
 from tests.support.devservers import Daemon
 from tests.support.start_methods import worker_context

@@ -12,10 +12,10 @@ import pytest
 lance = pytest.importorskip("lance")
 
 from shardcache import Dataset, RuntimeContext  # noqa: E402
-from shardcache.cache import cache_ls, cache_rm  # noqa: E402
-from shardcache.cache.cli import main  # noqa: E402
-from shardcache.cache.store import EntryPaths  # noqa: E402
 from shardcache.errors import CacheError  # noqa: E402
+from shardcache.snapshots import cache_ls, cache_rm  # noqa: E402
+from shardcache.snapshots.cli import main  # noqa: E402
+from shardcache.snapshots.store import EntryPaths  # noqa: E402
 from tests.client import cache_helpers  # noqa: E402
 from tests.support.shards import make_tar_shard  # noqa: E402
 
@@ -78,7 +78,7 @@ def test_rm_refuses_an_entry_a_process_is_building(cache_dir: Path) -> None:
 
 def test_the_module_runs_as_a_command(cache_dir: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "shardcache.cache.cli", "ls", "--cache-dir", str(cache_dir)],
+        [sys.executable, "-m", "shardcache.snapshots.cli", "ls", "--cache-dir", str(cache_dir)],
         capture_output=True,
         text=True,
         check=True,

@@ -16,10 +16,11 @@ import pytest
 lance = pytest.importorskip("lance")
 
 from shardcache import Dataset, RuntimeContext  # noqa: E402
-from shardcache.cache import cache_ls, materialise, read_rows  # noqa: E402
-from shardcache.cache.identity import plan_fingerprint  # noqa: E402
-from shardcache.cache.store import EntryPaths  # noqa: E402
 from shardcache.errors import CacheError  # noqa: E402
+from shardcache.pipeline.build import build  # noqa: E402
+from shardcache.snapshots import cache_ls, materialise, read_rows  # noqa: E402
+from shardcache.snapshots.identity import plan_fingerprint  # noqa: E402
+from shardcache.snapshots.store import EntryPaths  # noqa: E402
 from tests.client import cache_helpers  # noqa: E402
 from tests.support.shards import make_tar_shard  # noqa: E402
 
@@ -119,5 +120,5 @@ def test_a_process_waiting_for_a_busy_part_times_out_with_a_clear_error(
         assert held.try_acquire()
         options = {"cache_dir": str(tmp_path / "cache"), "cache_timeout": 0.3}
         with pytest.raises(CacheError, match=r"timed out .* other processes are building.*cache_timeout"):
-            materialise(source, RuntimeContext(), options)
-    assert len(list(read_rows(materialise(source, RuntimeContext(), options)))) == len(tars[1])
+            materialise(source.spec, RuntimeContext(), options, build)
+    assert len(list(read_rows(materialise(source.spec, RuntimeContext(), options, build)))) == len(tars[1])

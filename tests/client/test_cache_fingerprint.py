@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardcache.cache.fingerprint import check_stable_callable, fingerprint_of
 from shardcache.errors import ConfigError
+from shardcache.snapshots.fingerprint import check_stable_callable, fingerprint_of
 
 SCALE = 2
 
@@ -134,7 +134,9 @@ def test_numpy_constants_are_fingerprinted_by_content() -> None:
 
 
 def test_sets_are_fingerprinted_independently_of_hash_seed() -> None:
-    script = "from shardcache.cache.fingerprint import fingerprint_of as f; print(f({'a', 'b', 'c', 'dd'}))"
+    script = (
+        "from shardcache.snapshots.fingerprint import fingerprint_of as f; print(f({'a', 'b', 'c', 'dd'}))"
+    )
     seen = {
         subprocess.run(
             [sys.executable, "-c", script],

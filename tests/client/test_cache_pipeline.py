@@ -14,8 +14,9 @@ import pytest
 lance = pytest.importorskip("lance")
 
 from shardcache import Dataset, RuntimeContext  # noqa: E402
-from shardcache.cache import cache_ls, materialise, read_rows  # noqa: E402
 from shardcache.errors import ConfigError  # noqa: E402
+from shardcache.pipeline.build import build  # noqa: E402
+from shardcache.snapshots import cache_ls, materialise, read_rows  # noqa: E402
 from tests.client import cache_helpers  # noqa: E402
 from tests.client.cache_helpers import assert_same_samples  # noqa: E402
 from tests.support.shards import make_tar_shard  # noqa: E402
@@ -99,13 +100,13 @@ def test_a_small_fragment_size_loses_no_row(tars: str, cache_dir: str) -> None:
 
 def test_numpy_arrays_and_tensors_round_trip_exactly(tars: str, cache_dir: str) -> None:
     source = tar_source(tars).map(cache_helpers.add_arrays)
-    path = materialise(source, CTX, {"cache_dir": cache_dir, "max_rows_per_fragment": 5})
+    path = materialise(source.spec, CTX, {"cache_dir": cache_dir, "max_rows_per_fragment": 5}, build)
     assert_same_samples(rows(source), list(read_rows(path)))
 
 
 def test_keys_and_user_fields_survive_unchanged(tars: str, cache_dir: str) -> None:
     source = tar_source(tars).map(cache_helpers.parse_json)
-    path = materialise(source, CTX, {"cache_dir": cache_dir})
+    path = materialise(source.spec, CTX, {"cache_dir": cache_dir}, build)
     assert list(read_rows(path)) == rows(source)
 
 
@@ -171,7 +172,7 @@ def test_shuffle_before_cache_is_not_part_of_the_fingerprint(tars: str, cache_di
 
 
 def test_shuffle_before_cache_logs_a_warning(tars: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="shardcache.cache"):
+    with caplog.at_level(logging.WARNING, logger="shardcache.snapshots"):
         tar_source(tars).shuffle(8).cache()
     assert any("shuffle" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
@@ -227,7 +228,7 @@ def test_parts_merge_in_numeric_slot_order(tmp_path: Path, cache_dir: str) -> No
     for i in range(12):
         make_tar_shard(directory / f"shard_{i:06d}.tar", i, samples=2, payload_bytes=8)
     source = Dataset.from_source("tars", str(directory / "shard_{000000..000011}.tar"), daemon=None)
-    path = materialise(source, RuntimeContext(rank=0, world_size=12), {"cache_dir": cache_dir})
+    path = materialise(source.spec, RuntimeContext(rank=0, world_size=12), {"cache_dir": cache_dir}, build)
     expected = [s["__key__"] for k in range(12) for s in rows(source, RuntimeContext(rank=k, world_size=12))]
     assert [s["__key__"] for s in read_rows(path)] == expected
 

@@ -1,4 +1,5 @@
-"""`Dataset.mix` and `Dataset.mini_epochs`: the facade delegates to `shardcache.mixing` and mini epochs."""
+"""`Dataset.mix` and `Dataset.mini_epochs`: the facade wraps the specs `shardcache.pipeline.mixing` and
+`shardcache.pipeline.mini_epochs` make."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 from shardcache import Dataset
-from shardcache.mini_epochs import mini_epochs
-from shardcache.mixing import MixSource
+from shardcache.pipeline.iteration import start
+from shardcache.pipeline.mini_epochs import mini_epochs
+from shardcache.pipeline.mixing import MixSource
 from tests.client.pipeline_support import keys, make_tars
 
 
@@ -30,12 +32,14 @@ def test_dataset_mix_recipe_batches_have_exact_counts(tmp_path: Path) -> None:
         assert Counter(s["txt"].split(b"-")[0] for s in batch) == {b"main": 3, b"aux": 1}
 
 
-def test_dataset_mini_epochs_equals_the_module_function(tmp_path: Path) -> None:
+def test_dataset_mini_epochs_wraps_the_pipeline_function(tmp_path: Path) -> None:
     ds = Dataset.from_source("tars", make_tars(tmp_path / "tars", 6, 2), daemon=None)
     ds.set_epoch(2)
     by_method = ds.mini_epochs(4, num_workers=0)
-    by_function = mini_epochs(ds, 4, num_workers=0)
-    assert [keys(c) for c in by_method] == [keys(c) for c in by_function]
+    ctx = ds.resolve_context()
+    by_function = mini_epochs(ds.spec, ctx, 4, num_workers=0)
+    assert [c.spec for c in by_method] == by_function
+    assert [keys(c) for c in by_method] == [keys(start(spec, ctx, None)) for spec in by_function]
     assert sorted(k for c in by_method for k in keys(c)) == sorted(keys(ds))
 
 

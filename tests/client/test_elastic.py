@@ -1,4 +1,4 @@
-"""Elastic resume: a checkpoint taken mid-epoch on one topology resumes on another (`shardcache.elastic`).
+"""Elastic resume: a checkpoint taken mid-epoch on one topology resumes on another (`resume.elastic`).
 
 Every rank's state is merged with `merge_states`; the new ranks (explicit contexts, or a TorchLoader with real
 DataLoader worker processes) read the rest. Over the whole epoch no sample may be read twice or lost.

@@ -73,7 +73,7 @@ def stalls(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in list(caplog.records)
-        if r.name == "shardcache.loader_watchdog" and r.levelno == logging.WARNING
+        if r.name == "shardcache.loader.watchdog" and r.levelno == logging.WARNING
     ]
 
 

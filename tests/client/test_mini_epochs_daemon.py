@@ -51,7 +51,7 @@ def test_chunks_share_one_job_and_keep_the_plain_fingerprint(tmp_path: Path) -> 
     chunks = ds.mini_epochs(2, num_workers=0)
     assert len({c.source.options["job"] for c in chunks}) == 1
     assert [len(c.source.options["plan_following"]) for c in chunks] == [5, 4, 3]  # rest + next epoch's 3
-    plain = Dataset(dataclasses.replace(chunks[0].source, options={}), chunks[0].stages)
+    plain = Dataset(chunks[0].spec.with_source(dataclasses.replace(chunks[0].source, options={})))
     assert chunks[0].fingerprint() == plain.fingerprint()  # planning hints are not part of the data
 
 

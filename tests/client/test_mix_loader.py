@@ -9,7 +9,6 @@ import pytest
 
 from shardcache import Dataset
 from shardcache.mix.plan import plan_mix
-from shardcache.mixing import mix
 from tests.client.pipeline_support import make_tars
 from tests.support.start_methods import worker_context
 
@@ -22,7 +21,7 @@ def test_two_dataloader_workers_read_the_planned_counts(tmp_path: Path, start_me
     torch = pytest.importorskip("torch")
     big = Dataset.from_source("tars", make_tars(tmp_path / "b", 4, 20, prefix="big"), daemon=None)
     small = Dataset.from_source("tars", make_tars(tmp_path / "s", 2, 5, prefix="small"), daemon=None)
-    mixed = mix({"big": big, "small": small}, temperature=2.0, seed=5).map(origin)
+    mixed = Dataset.mix({"big": big, "small": small}, temperature=2.0, seed=5).map(origin)
     loader = torch.utils.data.DataLoader(
         mixed, batch_size=None, num_workers=2, multiprocessing_context=worker_context(start_method)
     )

@@ -170,7 +170,7 @@ def test_listing_a_missing_root_is_empty(tmp_path: Path) -> None:
 
 
 def test_clear_cache_refuses_an_entry_being_rebuilt(two_entries: Path) -> None:
-    from shardcache.cache.store import EntryPaths
+    from shardcache.snapshots.store import EntryPaths
 
     info = list_cache_entries(two_entries)[0]
     with EntryPaths(info.path).lock("merge") as lock:
@@ -233,7 +233,7 @@ def test_ours_win_over_mvp_aliases(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_mvp_wait_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardcache.cache.build import CacheOptions
+    from shardcache.snapshots.build import CacheOptions
 
     monkeypatch.setenv("MVP_DATASET_CACHE_WAIT_TIMEOUT_SECONDS", "10800")
     assert CacheConfig.resolve().wait_timeout_seconds == 10800

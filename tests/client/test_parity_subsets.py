@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardcache import ConfigError, Dataset, RuntimeContext
-from shardcache.subsets import select
+from shardcache.sources.subset import select
 from tests.client.pipeline_support import assert_resumes, make_tars, slot_contexts
 
 

@@ -140,7 +140,7 @@ def test_mini_epochs_keep_each_node_on_its_share_and_read_every_sample_once(tars
 def test_cache_parts_are_the_ranks_node_shares_and_hold_every_sample_once(
     tars: list[str], tmp_path: Path
 ) -> None:
-    from shardcache.cache import read_rows
+    from shardcache.snapshots import read_rows
 
     ctxs = contexts(4, 2)
     plain = dataset(tars, placement="node")

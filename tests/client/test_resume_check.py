@@ -1,4 +1,4 @@
-"""A resume refusal names the source or stage, and the argument, that differ (`shardcache.resume_check`)."""
+"""A resume refusal names the source or stage, and the argument, that differ (`shardcache.resume.check`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from shardcache import Dataset
-from shardcache.resume_check import describe_mismatch, mismatch_message, pipeline_parts, short_descriptions
+from shardcache.resume.check import describe_mismatch, mismatch_message, pipeline_parts, short_descriptions
 
 
 def parts(ds: Dataset) -> list[str]:

@@ -10,7 +10,7 @@ It imports only the base modules of `shardcache` (errors, extras, forksafe, jobs
 contract `shardcache_protocol`; never a source, stage, `Dataset` or torch (`tests/client/test_layers.py`).
 
 Why the name: "daemon" alone is the server package (`shardcached`, in the repository's `daemon/` folder) and
-"cache" already names two things of the client (`shardcache.cache`, the Lance materialisation, and the
+"cache" already names two things of the client (`shardcache.snapshots`, the Lance materialisation, and the
 `.cache()` stage). This package is neither: it is the client's access to the daemon.
 
 Importing the package imports none of its modules; import the one you need.

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from shardcache.errors import ConfigError
+from shardcache.sources import jsonl, lance, parquet, tars
 from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
 from shardcache.sources.partition import check_partition_options
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
-from shardcache.subsets import check_subset
+from shardcache.sources.subset import check_subset
 
 # The shard kinds' partitioning options (`shardcache.sources.partition`).
 PARTITION_OPTIONS = ("placement", "even", "exchange")
 
-# Every kind takes a row/unit subset (`shardcache.subsets`, set by split() and sample()).
+# Every kind takes a row/unit subset (`shardcache.sources.subset`, set by split() and sample()).
 SUBSET_OPTIONS = ("subset",)
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)
@@ -47,6 +49,7 @@ _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
         None,
     ),
 }
+_MODULES: dict[str, ModuleType] = {"tars": tars, "jsonl": jsonl, "parquet": parquet, "lance": lance}
 ALIASES = {"tar": "tars"}
 KINDS = tuple(_KINDS)
 
@@ -65,8 +68,6 @@ def data_suffix(kind: str) -> str | None:
 
 def check_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse unknown keyword arguments and bad values, naming the argument and what is accepted."""
-    import importlib
-
     partition = PARTITION_OPTIONS if kind != "lance" else ("even",)  # lance cuts rows itself
     accepted = (*_KINDS[kind][2], *partition, *SUBSET_OPTIONS, *PLAN_OPTIONS)
     for name in options:
@@ -75,8 +76,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
                 f"from_source({kind!r}, ...): unknown argument {name}=; accepted: "
                 f"context, daemon, {', '.join(accepted)}"
             )
-    module = importlib.import_module(f"shardcache.sources.{_KINDS[kind][0]}")
-    checker: Callable[[dict[str, Any]], None] = module.check_options
+    checker: Callable[[dict[str, Any]], None] = _MODULES[kind].check_options
     checker(options)
     check_shuffle_mode(kind, options)
     check_plan_options(options)
@@ -87,10 +87,7 @@ def check_options(kind: str, options: dict[str, Any]) -> None:
 
 
 def node_class(kind: str) -> type[SourceNode]:
-    import importlib
-
-    module_name, class_name, _, _ = _KINDS[kind]
-    cls: type[SourceNode] = getattr(importlib.import_module(f"shardcache.sources.{module_name}"), class_name)
+    cls: type[SourceNode] = getattr(_MODULES[kind], _KINDS[kind][1])
     return cls
 
 

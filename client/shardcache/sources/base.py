@@ -29,10 +29,12 @@ from shardcache.errors import (
     RemoteNotFound,
     StateError,
 )
+from shardcache.formatting import callable_name
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import DaemonSetting, ShardOpener
 from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch, resolve, weights_of
+from shardcache.sources.pieces import needs_counts, remaining_pieces
 from shardcache.sources.schedule import (
     PLAN_OPTIONS,
     PlanTracker,
@@ -41,8 +43,8 @@ from shardcache.sources.schedule import (
     shuffles_units,
     slot_order,
 )
+from shardcache.sources.subset import select_units
 from shardcache.stages.base import Node, State
-from shardcache.subsets import select_units
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +91,6 @@ class SourceSpec:
 
     def describe(self) -> str:
         """A stable description (no object ids) used for state and cache fingerprints."""
-        from shardcache.stages.map import callable_name
 
         def show(value: Any) -> str:
             if callable(value):
@@ -198,7 +199,6 @@ class SourceNode(Node):
 
     def plan(self, units: list[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
         """Every slot's pieces in this epoch and round under this reader's layout."""
-        from shardcache.elastic import needs_counts, remaining_pieces
 
         part = self.partitioning
         counts = unit_counts(self, units) if part.even is not None or needs_counts(self.origin) else None
@@ -238,7 +238,7 @@ class SourceNode(Node):
         return sum(1 for _ in self.read(unit, None, 0))
 
     def gen(self) -> Iterator[dict[str, Any]]:
-        # Subsets (split/sample) of unit-level kinds; shardcache.subsets documents which kinds it cuts here.
+        # Subsets (split/sample) of unit-level kinds; shardcache.sources.subset says which kinds are cut here.
         units = select_units(self.spec.kind, self.units(), self.spec.options.get("subset"))
         resample = self.spec.resample
         # Pieces of the partition layer carry the pad mark; a kind that cuts its own rows marks them itself.
@@ -388,3 +388,12 @@ class SourceNode(Node):
         if origin is not None and not isinstance(origin, dict):
             raise StateError(f"resume state field 'origin'={origin!r} must be an object")
         self.origin = origin
+
+
+def source_below(node: Node) -> SourceNode | None:
+    """The source node at the bottom of a stage chain (None for a composed root such as a mix, whose
+    sources come and go)."""
+    seen: Node | None = node
+    while seen is not None and not isinstance(seen, SourceNode):
+        seen = getattr(seen, "up", None)
+    return seen

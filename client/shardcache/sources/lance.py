@@ -11,7 +11,8 @@ Remote datasets are read by Lance's own object store, not through the node daemo
 is refused). `storage_options=` is passed to Lance; for `s3://` URIs the endpoint, region and keys of the
 AWS environment the rest of the client uses are filled in (`aws_storage_options`), given options winning.
 
-Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.subsets`) are row-exact: the source first fixes
+Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.sources.subset`) are row-exact: the source first
+fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
 """
@@ -28,7 +29,7 @@ from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
 from shardcache.sources.partition import permutation
 from shardcache.sources.schedule import slot_order
-from shardcache.subsets import select_rows
+from shardcache.sources.subset import select_rows
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ class LanceSource(SourceNode):
     def _read(self, unit: Unit, start: int) -> Iterator[dict[str, Any]]:
         # decode_batch is to_pylist() on ordinary data and decodes `.cache()` datasets' tagged columns;
         # imported here because it needs pyarrow, which `import shardcache` must not.
-        from shardcache.cache.codec import decode_batch
+        from shardcache.sources.lance_codec import decode_batch
 
         assert isinstance(unit, LanceChunk)
         columns = self.spec.options.get("columns")
@@ -325,7 +326,7 @@ class LanceSource(SourceNode):
         return space[select_rows(len(space), subset)] if subset else space
 
     def _take(self, rows: Sequence[int], cols: list[str] | None) -> Iterator[dict[str, Any]]:
-        from shardcache.cache.codec import decode_batch
+        from shardcache.sources.lance_codec import decode_batch
 
         starts = self._starts
         if len(self._datasets) == 1:

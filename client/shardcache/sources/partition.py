@@ -25,7 +25,8 @@ DataLoader worker) in two steps:
    them into P samples per rank and P/workers per worker: every rank has the same worker split, hence the
    same number of samples and worker-side batches.
 
-A `Piece` is a unit's sample range; a resumed epoch on another topology (`shardcache.elastic`) is planned
+A `Piece` is a unit's sample range; a resumed epoch on another topology (`shardcache.resume.elastic`) is
+planned
 from the remaining pieces instead of whole units, with the same two steps.
 """
 

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
+from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, State, field
 
 CHECKPOINT_EVERY = 64
@@ -44,7 +45,6 @@ class AssembleStage:
         return AssembleNode(up, self.factory, self.drop_last, ctx)
 
     def describe(self) -> str:
-        from shardcache.stages.map import callable_name
 
         return f"assemble({callable_name(self.factory)},{self.drop_last})"
 

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Literal
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, ResumeStateError
+from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, State
 from shardcache.stages.base import field as state_field
 
@@ -176,7 +177,6 @@ class BalanceStage:
         return BalanceNode(up, self, ctx)
 
     def describe(self) -> str:
-        from shardcache.stages.map import callable_name
 
         dummy = None if self.dummy_factory is None else callable_name(self.dummy_factory)
         return (

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
+from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, StatelessNode
 
 
@@ -23,7 +24,6 @@ class BatchStage:
         return BatchNode(up, self.batch_size, self.drop_last, self.collate_fn)
 
     def describe(self) -> str:
-        from shardcache.stages.map import callable_name
 
         collate = None if self.collate_fn is None else callable_name(self.collate_fn)
         return f"batch({self.batch_size},{self.drop_last},{collate})"

@@ -1,6 +1,6 @@
 """`.cache(...)`: the boundary before which outputs are materialised once into a local Lance dataset.
 
-This module holds only the stage spec; `shardcache.cache` (imported lazily) does the materialising.
+This module holds only the stage spec; `shardcache.snapshots` (imported lazily) does the materialising.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
+from shardcache.formatting import callable_name
 from shardcache.stages.base import Node
 
 
@@ -25,7 +26,6 @@ class CacheStage:
         raise ConfigError("a cache stage is resolved by Dataset iteration, not built as a node")
 
     def describe(self) -> str:
-        from shardcache.stages.map import callable_name
 
         # Callables (snapshot's fingerprint_provider) by name: their repr holds an address.
         shown = [(k, callable_name(v) if callable(v) else v) for k, v in sorted(self.options.items())]

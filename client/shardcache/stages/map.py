@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
+from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, StatelessNode
 
 
@@ -21,7 +22,7 @@ class MapStage:
         return MapNode(up, self.fn)
 
     def describe(self) -> str:
-        return f"map({_callable_name(self.fn)})"
+        return f"map({callable_name(self.fn)})"
 
 
 class MapNode(StatelessNode):
@@ -31,10 +32,3 @@ class MapNode(StatelessNode):
 
     def gen(self) -> Iterator[Any]:
         return map(self.fn, self.up.iterator())
-
-
-def _callable_name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-
-
-callable_name = _callable_name

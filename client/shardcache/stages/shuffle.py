@@ -98,7 +98,7 @@ class ShuffleNode(Node):
     def buffered_inputs(self, taken: int, emitted: int) -> list[int]:
         """The input indices still in the buffer after `taken` inputs and `emitted` outputs: with every
         input before `taken` not among them, that is what this shuffle had emitted (an elastic resume
-        reads the rest, `shardcache.elastic`)."""
+        reads the rest, `shardcache.resume.elastic`)."""
         return self._simulate(taken, emitted)[1]
 
     def gen(self) -> Iterator[Any]:

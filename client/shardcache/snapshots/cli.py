@@ -13,9 +13,9 @@ import json
 import sys
 from typing import Any
 
-from shardcache.cache.store import cache_ls, cache_rm, resolve_cache_root
 from shardcache.errors import ShardcacheError
 from shardcache.formatting import human_bytes
+from shardcache.snapshots.store import cache_ls, cache_rm, resolve_cache_root
 
 
 def _when(timestamp: float | None) -> str:
@@ -95,7 +95,7 @@ def run_cache_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardcache.cache.cli ls|rm ...` (the same commands without the main CLI)."""
+    """`python -m shardcache.snapshots.cli ls|rm ...` (the same commands without the main CLI)."""
     parser = argparse.ArgumentParser(prog="shardcache")
     add_cache_subcommands(parser.add_subparsers(dest="command", required=True))
     return run_cache_command(parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)]))

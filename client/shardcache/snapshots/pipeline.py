@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from shardcache.cache.parallel import parallel_map
+from shardcache.context import RuntimeContext
+from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
+from shardcache.snapshots.parallel import parallel_map
 from shardcache.stages.base import Node, State
+from shardcache.stages.map import MapStage
 
 
 class _StreamNode(Node):
@@ -26,14 +29,9 @@ class _StreamNode(Node):
         self._check_not_started()
 
 
-def _source_node(pre: Any, context: Any) -> Node:
-    from shardcache.sources import node_class
-
-    node: Node = node_class(pre.source.kind)(pre.source, context)
-    return node
-
-
-def iterate_part(pre: Any, context: Any, workers: int) -> Iterator[dict[str, Any]]:
+def iterate_part(
+    pre: PipelineSpec, context: RuntimeContext, workers: int, build_nodes: NodeBuilder
+) -> Iterator[dict[str, Any]]:
     """The samples `pre` yields for `context`, built from the pipeline's own source and stage nodes.
 
     With `workers > 1`, the leading contiguous `map` stages run on a worker pool (in order, bounded in
@@ -41,14 +39,15 @@ def iterate_part(pre: Any, context: Any, workers: int) -> Iterator[dict[str, Any
     `assemble` see exactly the stream they would see without parallelism.
 
     Args:
-        pre: The Dataset before the cache boundary (`source`, `stages`).
+        pre: The pipeline before the cache boundary.
         context: The part's context (rank = the part's slot, one worker).
         workers: `cache_num_workers`.
+        build_nodes: Builds `pre` whole when it has an earlier `.cache()` boundary of its own.
     """
     stages = list(pre.stages)
     if any(stage.kind == "cache" for stage in stages):
         # An earlier .cache() boundary: the pipeline resolves it (materialising it first) when building.
-        inner: Node = pre.build(context)
+        inner = build_nodes(pre, context)
         try:
             yield from inner
         finally:
@@ -57,9 +56,11 @@ def iterate_part(pre: Any, context: Any, workers: int) -> Iterator[dict[str, Any
     lead = 0
     while lead < len(stages) and stages[lead].kind == "map":
         lead += 1
-    source = node = _source_node(pre, context)
+    source = pre.source_node(context)
+    node: Node = source
     if workers > 1 and lead:
-        node = _StreamNode(parallel_map(node, [stage.fn for stage in stages[:lead]], workers))
+        maps = [stage.fn for stage in stages[:lead] if isinstance(stage, MapStage)]
+        node = _StreamNode(parallel_map(node, maps, workers))
         stages = stages[lead:]
     for stage in stages:
         node = stage.node(node, context)

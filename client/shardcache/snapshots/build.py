@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardcache.cache.codec import RowEncoder
-from shardcache.cache.config import TIMEOUT_ENV, resolve_timeout_s
-from shardcache.cache.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
-from shardcache.cache.pipeline import iterate_part
-from shardcache.cache.store import (
+from shardcache.context import RuntimeContext
+from shardcache.errors import CacheError, ConfigError
+from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
+from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
+from shardcache.snapshots.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
+from shardcache.snapshots.pipeline import iterate_part
+from shardcache.snapshots.store import (
     DATA,
     DATASET_MARKER,
     PART_MARKER,
@@ -41,9 +43,8 @@ from shardcache.cache.store import (
     resolve_cache_root,
     write_json_atomic,
 )
-from shardcache.cache.writer import _lance, write_rows
-from shardcache.context import RuntimeContext
-from shardcache.errors import CacheError, ConfigError
+from shardcache.snapshots.writer import _lance, write_rows
+from shardcache.sources.lance_codec import RowEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -102,16 +103,23 @@ class CacheOptions:
         return resolve_timeout_s()
 
 
-def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any] | None = None) -> str:
+def materialise(
+    pre: PipelineSpec,
+    context: RuntimeContext,
+    options: CacheOptions | Mapping[str, Any] | None,
+    build_nodes: NodeBuilder,
+) -> str:
     """Build the cache entry of `pre` once (across processes), and return its local Lance dataset path.
 
     Args:
-        pre: The Dataset of every stage before the (last) `.cache()`.
+        pre: The pipeline of every stage before the (last) `.cache()`.
         context: The caller's runtime context; its dp_rank and dp_size decide the parts.
         options: `.cache()`'s options.
+        build_nodes: Builds a pipeline's nodes (`shardcache.pipeline.build.build`), for a `pre` that has
+            an earlier `.cache()` boundary of its own.
 
     Returns:
-        The path of the merged Lance dataset (read it back in order; see `shardcache.cache.read_rows`).
+        The path of the merged Lance dataset (read it back in order; see `shardcache.snapshots.read_rows`).
 
     Raises:
         ConfigError: The pipeline cannot be cached (see `validate_pre_cache`), or its source resamples.
@@ -120,7 +128,7 @@ def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any
     opts = CacheOptions.coerce(options)
     provider = opts.fingerprint_provider
     validate_pre_cache(pre.stages, warn=False, identified=provider is not None)
-    if getattr(pre.source, "resample", False):
+    if pre.source.resample:
         raise ConfigError(
             ".cache() after a resampling source (resample=True) would never finish; drop resample"
         )
@@ -136,7 +144,7 @@ def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any
         write_json_atomic(entry.description_file, description)
     deadline = time.monotonic() + opts.timeout_s()
     slots = int(context.dp_size)
-    if not _build_parts(pre, context, entry, slots, opts, deadline):
+    if not _build_parts(pre, context, entry, slots, opts, deadline, build_nodes):
         return entry.dataset_uri
     with entry.lock("merge") as lock:
         lock.acquire(deadline, f"the merged dataset of {entry.root}")
@@ -146,7 +154,13 @@ def materialise(pre: Any, context: Any, options: CacheOptions | Mapping[str, Any
 
 
 def _build_parts(
-    pre: Any, context: Any, entry: EntryPaths, slots: int, opts: CacheOptions, deadline: float
+    pre: PipelineSpec,
+    context: RuntimeContext,
+    entry: EntryPaths,
+    slots: int,
+    opts: CacheOptions,
+    deadline: float,
+    build_nodes: NodeBuilder,
 ) -> bool:
     """Make every part exist; False when the merged dataset appeared meanwhile (nothing left to do)."""
     own = int(context.dp_rank)
@@ -167,7 +181,7 @@ def _build_parts(
                 if entry.dataset_complete():
                     return False
                 if not entry.part_complete(slots, index):
-                    _build_part(pre, context, entry, slots, index, opts)
+                    _build_part(pre, context, entry, slots, index, opts, build_nodes)
             pending.remove(index)
             progressed = True
         if pending and not progressed:
@@ -183,7 +197,13 @@ def _build_parts(
 
 
 def _build_part(
-    pre: Any, context: Any, entry: EntryPaths, slots: int, index: int, opts: CacheOptions
+    pre: PipelineSpec,
+    context: RuntimeContext,
+    entry: EntryPaths,
+    slots: int,
+    index: int,
+    opts: CacheOptions,
+    build_nodes: NodeBuilder,
 ) -> None:
     label = f"part-{slots}-{index}"
     tmp = entry.new_tmp(label)
@@ -193,7 +213,7 @@ def _build_part(
     part_context = RuntimeContext(
         rank=index, world_size=slots, num_nodes=context.node_groups, seed=context.seed
     )
-    rows = iterate_part(pre, part_context, opts.cache_num_workers)
+    rows = iterate_part(pre, part_context, opts.cache_num_workers, build_nodes)
     result = write_rows(
         rows,
         str(tmp / DATA),
@@ -243,7 +263,7 @@ def _merge(entry: EntryPaths, slots: int, opts: CacheOptions, fingerprint: str) 
         reader = pa.RecordBatchReader.from_batches(schemas[0], batches())
         lance.write_dataset(reader, target, mode="create", max_rows_per_file=opts.max_rows_per_fragment)
     else:  # parts chose different layouts for a field: re-encode into the union of their layouts
-        from shardcache.cache.writer import read_rows
+        from shardcache.snapshots.writer import read_rows
 
         def rows() -> Iterator[dict[str, Any]]:
             for part, count in zip(parts, counts, strict=True):

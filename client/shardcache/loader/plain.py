@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardcache.errors import UnsupportedResume
-from shardcache.loader_stream import passthrough, torch_data
+from shardcache.loader.stream import passthrough, torch_data
 from shardcache.stages import Node
 
 

@@ -17,23 +17,20 @@ units (`select` for unit sources, `select_rows` for lance rows; the rules are de
 ranks, workers, epoch or shuffle seed, so every slot agrees and a resampled subset keeps its members in every
 round.
 
-Everything here is pure: `select` and `select_rows` map unit sizes or a row count to the indices kept.
+Everything here is pure: `select` and `select_rows` map unit sizes or a row count to the indices kept. The
+`Dataset.split`/`sample`/`filter` features that add a step to a pipeline are `shardcache.pipeline.subsets`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from shardcache.errors import ConfigError
-
-if TYPE_CHECKING:
-    from shardcache.dataset import Dataset
 
 Step = tuple[Any, ...]
 Subset = tuple[Step, ...]
@@ -304,74 +301,3 @@ def describe_subset(subset: Subset) -> str:
         else:
             parts.append(f"sample({step[1]}, seed={step[2]})")
     return ".".join(parts)
-
-
-# -- the Dataset methods (thin wrappers in `Dataset` call these) ------------------------------------------
-
-
-def _derive(dataset: Dataset, step: Step, what: str) -> Dataset:
-    from shardcache.dataset import Dataset
-    from shardcache.sources import KINDS
-
-    source = dataset.source
-    if source.kind not in KINDS:
-        raise ConfigError(
-            f"{what}: a mixed dataset cannot be split or sampled; {what.split('(')[0]} each dataset before "
-            "mixing it"
-        )
-    if any(stage.kind == "cache" for stage in dataset.stages):
-        raise ConfigError(f"{what}: call it before .cache()/.snapshot(), on the dataset being cached")
-    shards = source.shards
-    if source.kind in SHARD_LEVEL:
-        shards = select_shards(source.kind, shards, step)
-    subset = (*source.options.get("subset", ()), step)
-    spec = replace(source, shards=tuple(shards), options={**source.options, "subset": subset})
-    return Dataset(spec, dataset.stages, epoch=dataset.epoch)
-
-
-def split_dataset(dataset: Dataset, fractions: Any) -> tuple[Dataset, ...]:
-    """`Dataset.split`: one dataset per fraction, disjoint, together covering `dataset`'s source."""
-    parts = normalize_fractions(fractions)
-    return tuple(_derive(dataset, ("split", parts, i), f"split({fractions!r})") for i in range(len(parts)))
-
-
-def sample_dataset(dataset: Dataset, fraction: Any, seed: Any = 0) -> Dataset:
-    """`Dataset.sample`: a seeded subset of about `fraction` of the source (exact for lance)."""
-    return _derive(dataset, sample_step(fraction, seed), f"sample({fraction!r}, seed={seed!r})")
-
-
-def filter_dataset(
-    dataset: Dataset, predicate: str | Sequence[str], index: Mapping[str, Any] | None = None
-) -> Dataset:
-    """`Dataset.filter`: keep the lance rows matching a predicate (a list: matching any of them).
-
-    `index` is accepted for mvp-dataset compatibility: None or an empty mapping (it has no options).
-    """
-    from shardcache.dataset import Dataset
-
-    if index is not None and (not isinstance(index, Mapping) or index):
-        raise ConfigError(f"filter(index={index!r}): no index options are supported; leave it None")
-
-    alternatives = (predicate,) if isinstance(predicate, str) else tuple(predicate)
-    if not alternatives or not all(isinstance(p, str) and p.strip() for p in alternatives):
-        raise ConfigError(
-            f"filter({predicate!r}): expected a Lance SQL predicate or a non-empty list of them"
-        )
-    source = dataset.source
-    if source.kind != "lance":
-        raise ConfigError(
-            f"filter({predicate!r}): only the lance source filters rows (this dataset reads "
-            f"{source.kind!r}); use .map() and skip samples downstream instead"
-        )
-    if dataset.stages or "subset" in source.options:
-        raise ConfigError(
-            f"filter({predicate!r}): call filter() right after from_source('lance', ...), before stages, "
-            "split() and sample()"
-        )
-    previous = source.options.get("filter")
-    if previous is None:
-        combined = tuple((p,) for p in alternatives)
-    else:  # filter(a).filter(b): every earlier alternative AND every new one
-        combined = tuple((*alt, p) for alt in previous for p in alternatives)
-    spec = replace(source, options={**source.options, "filter": combined})
-    return Dataset(spec, dataset.stages, epoch=dataset.epoch)

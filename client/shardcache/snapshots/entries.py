@@ -2,7 +2,7 @@
 
 mvp-dataset keeps several kinds of artifact under `<root>/<source fingerprint>/<kind>-v<N>/<artifact>/`;
 shardcache keeps one kind, the materialised pipeline of `.cache()` / `snapshot()`, under
-`<root>/<fingerprint>/` (see `shardcache.cache.store`), where one fingerprint covers the source and the
+`<root>/<fingerprint>/` (see `shardcache.snapshots.store`), where one fingerprint covers the source and the
 stages. Each complete entry is reported as a `CacheEntryInfo` of kind `"dataset-snapshot"` (mvp's name for
 the same artifact) whose `source_fingerprint` and `artifact_fingerprint` are both that fingerprint, so
 `clear_cache(source_fingerprint=fp)` removes the entry `shardcache cache ls` shows as `fp`. As in
@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardcache.cache.identity import LAYOUT_VERSION
-from shardcache.cache.store import cache_ls, cache_rm
+from shardcache.snapshots.identity import LAYOUT_VERSION
+from shardcache.snapshots.store import cache_ls, cache_rm
 
 SNAPSHOT_KIND = "dataset-snapshot"
 

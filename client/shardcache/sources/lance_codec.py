@@ -8,7 +8,8 @@ A null means "the sample had no such field", so samples with differing field set
 
 The column layout is decided from the first batch and widened when a later value does not fit (a field
 seen for the first time, or a value of another type in a native column): the caller then re-encodes what it
-wrote so far (see `shardcache.cache.writer`). The cache directory is private to the node and written by this
+wrote so far (see `shardcache.snapshots.writer`). The cache directory is private to the node and written by
+this
 library, which is why unpickling its values is acceptable.
 """
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Literal
 
 from shardcache import envvars
-from shardcache.cache.store import resolve_cache_root
 from shardcache.errors import ConfigError
+from shardcache.snapshots.store import resolve_cache_root
 
 TIMEOUT_ENV = "SHARDCACHE_CACHE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 6 * 3600.0

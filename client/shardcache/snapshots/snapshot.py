@@ -14,37 +14,32 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardcache.errors import ConfigError
-
-if TYPE_CHECKING:
-    from shardcache.dataset import Dataset
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.snapshots.boundary import cached, last_cache
+from shardcache.snapshots.identity import validate_pre_cache
+from shardcache.stages import CacheStage
 
 FingerprintProvider = Callable[[], str]
 """mvp-dataset's name for what `snapshot(fingerprint_provider=...)` takes: no argument, a non-empty string."""
 
 
 def snapshot(
-    dataset: Dataset, fingerprint_provider: FingerprintProvider | None = None, **cache_options: Any
-) -> Dataset:
-    """`dataset.cache(**cache_options)`, named by `fingerprint_provider()` when one is given."""
+    spec: PipelineSpec, fingerprint_provider: FingerprintProvider | None = None, **cache_options: Any
+) -> PipelineSpec:
+    """`spec` cached with `cache_options` (`.cache()`), named by `fingerprint_provider()` if given."""
     if fingerprint_provider is None:
-        return dataset.cache(**cache_options)
+        return cached(spec, cache_options)
     if not callable(fingerprint_provider):
         raise ConfigError(
             f"snapshot(fingerprint_provider={fingerprint_provider!r}): expected a callable taking no "
             "argument and returning a non-empty string"
         )
-    from shardcache.cache.identity import validate_pre_cache
-    from shardcache.stages import CacheStage
-
-    pre = dataset.stages
-    last = max((i for i, s in enumerate(pre) if s.kind == "cache"), default=-1)
-    validate_pre_cache(pre[last + 1 :], identified=True)
-    # .cache() validates the options (and the stages, which would refuse lambdas) on a bare copy; the
-    # provider is added to the resulting stage.
-    checked = dataset.with_stages(()).cache(**cache_options).stages[-1]
+    validate_pre_cache(spec.stages[last_cache(spec.stages) + 1 :], identified=True)
+    # The options (and the stages, which would refuse lambdas) are checked on a bare copy; the provider is
+    # added to the resulting stage.
+    checked = cached(spec.with_stages(()), cache_options).stages[-1]
     assert isinstance(checked, CacheStage)
-    options = {**checked.options, "fingerprint_provider": fingerprint_provider}
-    return dataset.with_stages((*pre, CacheStage(options)))
+    return spec.then(CacheStage({**checked.options, "fingerprint_provider": fingerprint_provider}))

@@ -1,4 +1,4 @@
-"""`Dataset.mini_epochs`: an epoch's shards cut into consecutive chunks, one Dataset per chunk (seed 001).
+"""`Dataset.mini_epochs`: an epoch's shards cut into consecutive chunks, one pipeline per chunk (seed 001).
 
 A training loop over chunks trains, checkpoints and validates at chunk boundaries while every chunk stays a
 finite, ordinary Dataset (its own DataLoader, no infinite streaming). The chunks of epoch e are
@@ -19,35 +19,31 @@ import dataclasses
 import logging
 
 from shardcache.context import RuntimeContext
-from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError
-from shardcache.sources.partition import permutation
-from shardcache.sources.schedule import job_id
+from shardcache.pipeline.iteration import source_job
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
 
 logger = logging.getLogger(__name__)
 
 
-def epoch_shard_order(dataset: Dataset, epoch: int | None = None) -> list[int]:
-    """Indices into ``dataset.source.shards`` in the order the source reads them in `epoch`."""
-    ctx = dataset.resolve_context()
-    return permutation(len(dataset.source.shards), ctx.seed, ctx.epoch if epoch is None else epoch)
+def epoch_shard_order(spec: PipelineSpec, ctx: RuntimeContext) -> list[int]:
+    """Indices into ``spec.source.shards`` in the order the source reads them in `ctx`'s epoch."""
+    return permutation(len(spec.source.shards), ctx.seed, ctx.epoch)
 
 
 def mini_epochs(
-    dataset: Dataset,
-    shards_per_chunk: int,
-    *,
-    num_workers: int | None = None,
-    epoch: int | None = None,
-) -> list[Dataset]:
-    """Split this epoch's shard order into consecutive chunks, each a Dataset with the same stages.
+    spec: PipelineSpec, ctx: RuntimeContext, shards_per_chunk: int, *, num_workers: int | None = None
+) -> list[PipelineSpec]:
+    """Split the shard order of `ctx`'s epoch into consecutive chunks, each a pipeline with the same stages.
 
     Args:
-        dataset: A shard-backed pipeline (not resampling, no `.cache()` stage, not a mix).
+        spec: A shard-backed pipeline (not resampling, no `.cache()` stage, not a mix).
+        ctx: The context the chunks are read in (its epoch is the one chunked; `Dataset.mini_epochs`
+            resolves it with the dataset's epoch).
         shards_per_chunk: Shards per chunk; the last chunk holds the rest.
         num_workers: DataLoader workers per rank that will read each chunk (for the one-shard-per-slot
             check; 0, main-process loading, counts as 1); None means the context's.
-        epoch: The epoch to chunk; None means the dataset's (`set_epoch`, else its context's).
 
     Returns:
         The chunks in reading order. Iterating all of them reads every shard of the epoch exactly once.
@@ -64,23 +60,20 @@ def mini_epochs(
     """
     if isinstance(shards_per_chunk, bool) or not isinstance(shards_per_chunk, int) or shards_per_chunk < 1:
         raise ConfigError(f"shards_per_chunk={shards_per_chunk!r}: expected a positive integer")
-    if dataset.source.kind == "mix":
+    if spec.composed:
         raise ConfigError("mini_epochs() of a mix is not supported: chunk each dataset, then mix the chunks")
-    if dataset.source.resample:
+    if spec.source.resample:
         raise ConfigError("mini_epochs() needs a finite epoch: build the dataset without resample=True")
-    if any(stage.kind == "cache" for stage in dataset.stages):
+    if spec.cached:
         raise ConfigError(
             "mini_epochs() of a pipeline with .cache() would build one cache per chunk and epoch; "
             "call mini_epochs() on the pipeline without .cache(), or iterate the cached dataset whole"
         )
-    ctx = dataset.resolve_context()
-    if epoch is not None:
-        ctx = ctx.with_epoch(epoch)
     if num_workers is not None:
         # DataLoader(num_workers=0) loads in the main process: one slot per rank.
         ctx = dataclasses.replace(ctx, worker_id=0, num_workers=max(1, num_workers))
-    shards = dataset.source.shards
-    owner = _node_owner(dataset, ctx)
+    shards = spec.source.shards
+    owner = _node_owner(spec, ctx)
 
     def chunked(epoch: int) -> list[list[int]]:
         if owner is not None:
@@ -94,7 +87,7 @@ def mini_epochs(
     order = [i for chunk in chunks for i in chunk]
     groups = [(ctx.epoch, tuple(shards[i].url for i in c)) for c in chunks]
     groups += [(ctx.epoch + 1, tuple(shards[i].url for i in c)) for c in chunked(ctx.epoch + 1)]
-    job = dataset.source.options.get("job") or job_id([ref.url for ref in shards], ctx.seed)
+    job = source_job(spec.source, ctx.seed)
     urls = [ref.url for ref in shards]
     logger.info(
         "epoch %d: %d shards in %d mini epochs of up to %d shards",
@@ -104,33 +97,28 @@ def mini_epochs(
         shards_per_chunk,
     )
     return [
-        Dataset(
+        spec.with_source(
             dataclasses.replace(
-                dataset.source,
+                spec.source,
                 shards=tuple(shards[i] for i in chunk),
                 options={
-                    **dataset.source.options,
+                    **spec.source.options,
                     "job": job,
                     "plan_following": tuple(groups[k + 1 :]),
                     **({} if owner is None else {"node_owners": tuple(zip(urls, owner, strict=True))}),
                 },
-            ),
-            dataset.stages,
-            epoch=ctx.epoch,
+            )
         )
         for k, chunk in enumerate(chunks)
     ]
 
 
-def _node_owner(dataset: Dataset, ctx: RuntimeContext) -> list[int] | None:
-    """Each shard's node group when the dataset uses node placement (None: global placement)."""
-    from shardcache.sources import node_class
-    from shardcache.sources.partition import PLACEMENT_SEED, owners, weights_of
-
-    node = node_class(dataset.source.kind)(dataset.source, ctx)
+def _node_owner(spec: PipelineSpec, ctx: RuntimeContext) -> list[int] | None:
+    """Each shard's node group when the pipeline uses node placement (None: global placement)."""
+    node = spec.source_node(ctx)
     if node.partitioning.placement != "node" or ctx.node_groups < 2:
         return None
-    shards = dataset.source.shards
+    shards = spec.source.shards
     weights = weights_of([ref.num_samples for ref in shards], [ref.size for ref in shards])
     return owners(weights, ctx.node_groups, PLACEMENT_SEED)
 

@@ -2,7 +2,7 @@
 
 Recommended pattern: workers emit micro-batches (`batch_size=32, collate_fn=lambda x: x`), then `.unbatch()`,
 a loader-side `.shuffle(...)` that mixes samples across workers, optional `.assemble(...)`, and `.batch(...)`.
-Resume states (identity, checks, the workers' start states) are `shardcache.loader_resume`.
+Resume states (identity, checks, the workers' start states) are `shardcache.resume.loader`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from shardcache.context import RuntimeContext
+from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
-from shardcache.loader_plain import PlainNode, PlainStream
-from shardcache.loader_resume import STATE_VERSION as STATE_VERSION
-from shardcache.loader_resume import LoaderRuntime, check_loaded, header, resume_start
-from shardcache.loader_resume import fingerprint as loader_fingerprint
-from shardcache.loader_stream import (
+from shardcache.loader.plain import PlainNode, PlainStream
+from shardcache.loader.stream import (
     EpochOrder,
     MergeNode,
     WorkerHome,
@@ -29,11 +27,11 @@ from shardcache.loader_stream import (
     WorkerStream,
     torch_data,
 )
-from shardcache.loader_watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
+from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
+from shardcache.pipeline.iteration import close_all, close_telemetry, source_job
+from shardcache.resume.loader import LoaderShape, check_loaded, header, resume_start
+from shardcache.resume.state import LiveState
 from shardcache.stages import Node, Stage, builders
-
-if TYPE_CHECKING:
-    from shardcache.daemon_access.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
@@ -59,7 +57,8 @@ class LoaderIterator:
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
         # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
         # each. Closing when this (acyclic) object is released stops the workers at once.
-        self._finalizer = weakref.finalize(self, functools.partial(_close_all, node, telemetry, watchdog))
+        closers = (None if watchdog is None else watchdog.close, node.close, close_telemetry(telemetry))
+        self._finalizer = weakref.finalize(self, functools.partial(close_all, *closers))
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -95,23 +94,13 @@ def _merge_of(node: Node) -> MergeNode | None:
     return seen if isinstance(seen, MergeNode) else None
 
 
-def _close_all(node: Node, telemetry: Telemetry | None, watchdog: StallWatchdog | None) -> None:
-    try:
-        if watchdog is not None:
-            watchdog.close()
-        node.close()
-    finally:
-        if telemetry is not None:
-            telemetry.close(wait=False)  # the reporting thread sends the last figures
-
-
 class TorchLoader:
     """A `torch.utils.data.DataLoader` over `dataset`, with loader-side stages in the main process.
 
     Iteration is resumable: `state_dict()` after any item, `load_state_dict(state)` on a fresh TorchLoader
     built the same way (same dataset, stages, batch size and num_workers; same ranks), and the next
     iteration yields exactly what the uninterrupted one would have yielded next. The main process merges
-    the workers in a fixed rotation (see `shardcache.loader_stream`), so the order of items does not
+    the workers in a fixed rotation (see `shardcache.loader.stream`), so the order of items does not
     depend on worker timing. A resume restarts the workers at their saved positions; loader-side shuffle
     and assemble restart them a little earlier and re-read up to their checkpoint (see their modules: an
     assembler without its own state re-reads from the epoch start).
@@ -128,7 +117,7 @@ class TorchLoader:
             `default_collate` for batches, and samples as they are without a batch size (numpy arrays stay
             numpy, as in mvp-dataset; a plain DataLoader would make them tensors).
         stall_warning_s: Seconds the main process may wait for an item before one warning names the
-            worker it waits for and where every worker is (`shardcache.loader_watchdog`); 0 or None turns
+            worker it waits for and where every worker is (`shardcache.loader.watchdog`); 0 or None turns
             it off. Default: `SHARDCACHE_STALL_WARNING_S`, else 300.
         **loader_kwargs: Any other DataLoader argument (pin_memory, prefetch_factor, persistent_workers,
             multiprocessing_context, drop_last for worker-side batches, ...). `persistent_workers`
@@ -176,7 +165,7 @@ class TorchLoader:
         self.loader_kwargs = loader_kwargs
         self.stall_warning_s = stall_warning(stall_warning_s)
         self.stages: tuple[Stage, ...] = tuple(_stages)
-        self._runtime = LoaderRuntime()
+        self._live = LiveState()
         self.persistent_workers = num_workers > 0 and bool(loader_kwargs.get("persistent_workers", True))
         # Made at the first iteration with workers: their run directory and, when they persist, the
         # DataLoader kept across epochs (`WorkerHome`).
@@ -226,8 +215,8 @@ class TorchLoader:
         """Stop the persistent workers now and end the current iteration (the next one starts anew)."""
         # The closed iterator stays the latest one: state_dict() still answers after close(), and the next
         # iteration starts at the loader's epoch as after any other (not from the closed one's state).
-        iterator = self._runtime.iterator
-        if iterator is not None:
+        iterator = self._live.iterator
+        if isinstance(iterator, LoaderIterator):
             iterator.close()
         home, self._home = self._home, None
         if home is not None:
@@ -244,15 +233,27 @@ class TorchLoader:
             )
         return self.dataset
 
+    def _shape(self) -> LoaderShape:
+        """What this loader's states identify it by (`shardcache.resume.loader`)."""
+        return LoaderShape(
+            self._pipeline().spec,
+            self.num_workers,
+            self.batch_size,
+            self.collate_fn,
+            bool(self.loader_kwargs.get("drop_last", False)),
+            self.stages,
+        )
+
     def fingerprint(self) -> str:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
-        self._pipeline()
-        return loader_fingerprint(self, self.num_workers)
+        return self._shape().fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the most recent iteration (or the state loaded and not yet used)."""
         self._pipeline()
-        return self._runtime.state_dict()
+        return self._live.state_dict(
+            "TorchLoader.state_dict(): this loader has not been iterated yet; iterate it first"
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume from `state` (as taken by `state_dict()`).
@@ -261,19 +262,15 @@ class TorchLoader:
             StateError: a state of another version, pipeline, batching or stage list, or taken with another
                 num_workers or data-parallel layout.
         """
-        self._pipeline()
-        check_loaded(self, state)
-        self._runtime.pending = state
+        check_loaded(self._shape(), state, self.dataset.resolve_context())
+        self._live.pending = state
 
     # -- iteration ------------------------------------------------------------------------------------------
 
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
-        from shardcache.daemon_access.telemetry import for_reader, items_are_batches
-        from shardcache.sources.schedule import job_id
-
         spec = self.dataset.source
-        job = spec.options.get("job") or job_id([r.url for r in spec.shards], ctx.seed)
+        job = source_job(spec, ctx.seed)
         merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
         # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
         workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
@@ -306,8 +303,8 @@ class TorchLoader:
         ctx = self.dataset.resolve_context()
         # Counted once here, in the main process; the workers get the counts with the epoch's order.
         self.dataset.count_samples()
-        pending, self._runtime.pending = self._runtime.pending, None
-        pending, worker_states, ctx = resume_start(self, pending, ctx)
+        shape = self._shape()
+        pending, worker_states, ctx = resume_start(shape, self._live.take_pending(), ctx)
         drop_last = bool(self.loader_kwargs.get("drop_last", False))
         home = self._workers_home()
         run_dir = None if home is None else home.run_dir
@@ -326,9 +323,9 @@ class TorchLoader:
         start: dict[str, Any] = next(iter(worker_states.values()), {})
         origin = start.get("origin")  # where an elastic resume started this epoch
         iterator = LoaderIterator(
-            node, header(self, ctx, origin), self._telemetry(node, ctx), self._watchdog(merge, run_dir)
+            node, header(shape, ctx, origin), self._telemetry(node, ctx), self._watchdog(merge, run_dir)
         )
-        self._runtime.iterator = iterator
+        self._live.iterator = iterator
         return iterator
 
     def _iter_plain(self, iterable: Iterable[Any]) -> LoaderIterator:
@@ -341,11 +338,11 @@ class TorchLoader:
         for stage in self.stages:
             node = stage.node(node, ctx)
         iterator = _PlainIterator(node, {})
-        self._runtime.iterator = iterator
+        self._live.iterator = iterator
         return iterator
 
     def _watchdog(self, merge: MergeNode, run_dir: str | None) -> StallWatchdog | None:
-        """The stall watchdog of one iteration (`shardcache.loader_watchdog`), None when turned off."""
+        """The stall watchdog of one iteration (`shardcache.loader.watchdog`), None when turned off."""
         after = self.stall_warning_s
         if not after:
             return None

@@ -17,13 +17,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-
-if TYPE_CHECKING:
-    from shardcache.dataset import Dataset
+from shardcache.pipeline.iteration import PipelineIterator
 
 
 class Consumer(Protocol):
@@ -38,15 +36,15 @@ class Consumer(Protocol):
         ...
 
 
-def consume(dataset: Dataset, factory: Callable[[RuntimeContext], Consumer]) -> Any:
-    """Push every output of `dataset` (for the current slot) into `factory(context)`; return its `finish()`.
+def consume(begin: Callable[[], PipelineIterator], factory: Callable[[RuntimeContext], Consumer]) -> Any:
+    """Push every output of the pass `begin()` starts into `factory(context)`; return its `finish()`.
 
     Raises:
         ConfigError: `factory` is not callable, or what it returns lacks `push` or `finish`.
     """
     if not callable(factory):
         raise ConfigError(f"consume(factory={factory!r}): expected a callable taking a RuntimeContext")
-    iterator = dataset.iter_context(None)
+    iterator = begin()
     try:
         consumer = factory(iterator.context)
         push = getattr(consumer, "push", None)

@@ -34,19 +34,17 @@ again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
+from shardcache.sources.partition import Layout
+from shardcache.sources.pieces import needs_counts as needs_counts
+from shardcache.stages import Stage
 from shardcache.stages.shuffle import ShuffleStage
 
-if TYPE_CHECKING:
-    from shardcache.dataset import Dataset
-    from shardcache.sources.base import SourceNode, Unit
-    from shardcache.stages import Stage
-
-MERGED_VERSION = 1
 # Stages whose state is just their upstream's position (nothing held back).
 POSITION_STAGES = ("map", "select", "batch")
 # Stages that turn each input into exactly one output (what may run below a shuffle).
@@ -95,7 +93,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if missing:
         raise StateError(f"merge_states: the states of {what} {missing} of {size} are missing")
     return {
-        "version": MERGED_VERSION,
+        "version": STATE_VERSION,
         "kind": "merged",
         "of": "torch_loader" if loader else "dataset",
         "fingerprint": states[0].get("fingerprint"),
@@ -105,16 +103,16 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_merged(state: dict[str, Any], fingerprint: str, parts: Sequence[str]) -> None:
-    from shardcache.resume_check import mismatch_message
-
-    if state.get("version") != MERGED_VERSION:
-        raise StateError(f"merged resume state version {state.get('version')!r} is not supported")
-    if state.get("fingerprint") != fingerprint:
-        ranks = state.get("states") or [state]
-        raise StateError(
-            "merged resume state was taken from a pipeline with another source or stage list: "
-            f"{mismatch_message(ranks[0], parts)} (fingerprint {state.get('fingerprint')} != {fingerprint})"
-        )
+    """Refuse a merged state of another version or pipeline."""
+    check_version(state, "merged resume state")
+    ranks = state.get("states") or [state]
+    check_fingerprint(
+        state,
+        fingerprint,
+        parts,
+        "merged resume state was taken from a pipeline with another source or stage list",
+        described=ranks[0],
+    )
 
 
 def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[str, Any]:
@@ -176,15 +174,13 @@ def _progress(state: dict[str, Any]) -> list[int] | dict[str, int]:
     return [state["pos"], state["index"]]
 
 
-def dataset_origin(dataset: Dataset, merged: dict[str, Any]) -> dict[str, Any]:
-    entries = [
-        (int(s["slot"]), source_position(dataset.stages, s["pipeline"]), False) for s in merged["states"]
-    ]
-    return origin_of(entries, int(merged["epoch"]), dataset.stages)
+def dataset_origin(spec: PipelineSpec, merged: dict[str, Any]) -> dict[str, Any]:
+    entries = [(int(s["slot"]), source_position(spec.stages, s["pipeline"]), False) for s in merged["states"]]
+    return origin_of(entries, int(merged["epoch"]), spec.stages)
 
 
 def own_or_origin(
-    dataset: Dataset, merged: dict[str, Any], ctx: RuntimeContext
+    spec: PipelineSpec, merged: dict[str, Any], ctx: RuntimeContext
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """This reader's own state when the layout is unchanged, else the origin of an elastic resume."""
     if merged["kind"] == "elastic":
@@ -192,180 +188,23 @@ def own_or_origin(
     if merged.get("of") != "dataset":
         raise StateError("a merged TorchLoader state loads with TorchLoader.load_state_dict")
     states = merged["states"]
-    same = len(states) == ctx.total_slots and _same_layout(dataset, states[0], ctx)
+    same = len(states) == ctx.total_slots and _same_layout(spec, states[0], ctx)
     if same:
         return states[ctx.slot], None
-    return None, dataset_origin(dataset, merged)
+    return None, dataset_origin(spec, merged)
 
 
-def _same_layout(dataset: Dataset, state: dict[str, Any], ctx: RuntimeContext) -> bool:
+def _same_layout(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> bool:
     try:
-        saved = source_position(dataset.stages, state["pipeline"])
+        saved = source_position(spec.stages, state["pipeline"])
     except UnsupportedResume:
         return state.get("total_slots") == ctx.total_slots
     return bool(
         saved.get("layout") == Layout.of(ctx).as_dict()
-        and saved.get("partitioning") == dataset.partitioning_of(ctx)
+        and saved.get("partitioning") == spec.partitioning_of(ctx)
     )
 
 
 def elastic_state(fingerprint: str, origin: dict[str, Any]) -> dict[str, Any]:
     """A Dataset state that starts a reader of the new layout on what `origin` left."""
-    return {"version": MERGED_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin}
-
-
-def needs_counts(origin: dict[str, Any] | None) -> bool:
-    """Whether replaying `origin` (and the origins it resumed) needs every unit's sample count: an epoch
-    cut with even= does, and so does a shuffle's progress (counted in samples); whole units are replayed
-    by position without counting (which would read every shard of the dataset on every rank)."""
-    while origin is not None:
-        partitioning = origin.get("partitioning")
-        if partitioning is not None and partitioning[1] is not None:
-            return True
-        if origin.get("loader") is not None:
-            return True
-        if any(isinstance(p, dict) for p in origin.get("slots", {}).values()):
-            return True
-        origin = origin.get("origin")
-    return False
-
-
-def remaining_pieces(
-    node: SourceNode, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
-) -> list[Piece]:
-    """What the epoch described by `origin` had left, as pieces of `units` (see the module)."""
-    whole = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
-    if origin.get("layout") is None:
-        return whole
-    nested = origin.get("origin")
-    universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
-    layout = Layout(**origin["layout"])
-    placement, even, exchange = origin["partitioning"]
-    if not node.partitionable:
-        raise UnsupportedResume(
-            f"an elastic resume of a {node.spec.kind} source is not supported (it plans its rows itself): "
-            "resume on the same topology"
-        )
-    if node.spec.options.get("node_owners") and layout.groups > 1:
-        raise UnsupportedResume(
-            "an elastic resume inside a mini-epoch chunk is not supported: resume the chunk on the same "
-            "topology, or resume on the new topology at the next chunk boundary (start the next chunk)"
-        )
-    if node.spec.kind == "jsonl" and placement == "global" and even is None:
-        raise UnsupportedResume(
-            "an elastic resume of a jsonl source read with placement='global' and even=None (each file "
-            "sliced over the old slots) is not supported: build it with placement='node' or even='drop'"
-        )
-    plan = plan_epoch(
-        universe,
-        node.weights(units),
-        layout,
-        Partitioning(placement, even, exchange),
-        node.ctx.seed,
-        int(origin["epoch"]),
-        shuffle=node.spec.shuffles_units,  # the deal the checkpointed epoch used (shuffle_mode)
-    )
-    exhausted = set(origin.get("exhausted", ()))
-    left: list[Piece] = []
-    for slot, pieces in enumerate(plan):
-        if slot in exhausted:
-            continue
-        if origin.get("loader") is not None:
-            continue  # read below, rank by rank
-        progress = origin["slots"].get(str(slot), (0, 0))
-        if isinstance(progress, dict):
-            shuffle = _shuffle_node(node, origin["shuffle"], origin, layout.ranks, layout.workers, slot)
-            buffered = sorted(shuffle.buffered_inputs(progress["taken"], progress["emitted"]))
-            left.extend(_not_emitted(pieces, progress["taken"], buffered))
-            continue
-        pos, index = progress
-        if pos < len(pieces):
-            current = pieces[pos]
-            start = current.start + index
-            if current.stop is None or start < current.stop:
-                left.append(Piece(current.unit, start, current.stop, current.pad))
-            left.extend(pieces[pos + 1 :])
-    if origin.get("loader") is not None:
-        left = _loader_left(node, origin, layout, plan)
-    return [_sized(Piece(p.unit, p.start, p.stop), counts) for p in left if not p.pad]
-
-
-def _sized(piece: Piece, counts: list[int] | None) -> Piece:
-    if piece.stop is not None or counts is None:
-        return piece
-    return Piece(piece.unit, piece.start, counts[piece.unit], piece.pad)
-
-
-def _shuffle_node(
-    node: SourceNode, params: list[Any], origin: dict[str, Any], ranks: int, workers: int, slot: int
-) -> Any:
-    """An old reader's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
-    from shardcache.stages import Node
-
-    buffer_size, initial, seed = params
-    old = RuntimeContext(
-        rank=slot // workers,
-        world_size=ranks,
-        worker_id=slot % workers,
-        num_workers=workers,
-        seed=node.ctx.seed,
-        epoch=int(origin["epoch"]),
-    )
-    return ShuffleStage(buffer_size, initial, seed).node(Node(), old)
-
-
-def _not_emitted(pieces: list[Piece], taken: int, buffered: list[int]) -> list[Piece]:
-    """The samples of a stream (the pieces, sized) that were not emitted: the `buffered` input indices
-    (sorted), then every input from `taken` on."""
-    out: list[Piece] = []
-    first = 0  # the stream index of the current piece's first sample
-    b = 0
-    for piece in pieces:
-        size = piece.size
-        while b < len(buffered) and buffered[b] < first + size:
-            at = piece.start + buffered[b] - first
-            out.append(Piece(piece.unit, at, at + 1, piece.pad))
-            b += 1
-        if first + size > taken:
-            start = piece.start + max(0, taken - first)
-            out.append(Piece(piece.unit, start, piece.stop, piece.pad))
-        first += size
-    return out
-
-
-def _loader_left(
-    node: SourceNode, origin: dict[str, Any], layout: Layout, plan: list[list[Piece]]
-) -> list[Piece]:
-    """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
-
-    Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in a
-    fixed rotation (`shardcache.loader_stream`), so the n-th sample the loader-side shuffle took is a
-    known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
-    """
-    loader = origin["loader"]
-    batch, workers = int(loader["batch"]), layout.workers
-    left: list[Piece] = []
-    for rank in range(layout.ranks):
-        taken, emitted = loader["ranks"][str(rank)]
-        shuffle = _shuffle_node(node, loader["shuffle"], origin, layout.ranks, 1, rank)
-        buffered = set(shuffle.buffered_inputs(taken, emitted))
-        streams = [plan[rank * workers + w] for w in range(workers)]
-        sizes = [sum(p.size for p in stream) for stream in streams]
-        frontier = [0] * workers  # samples of each worker among the first `taken` the shuffle took
-        held: list[list[int]] = [[] for _ in range(workers)]
-        flat = 0
-        round_index = 0
-        while flat < taken and any(round_index * batch < size for size in sizes):
-            for w, size in enumerate(sizes):
-                count = min(batch, size - round_index * batch)
-                for j in range(round_index * batch, round_index * batch + max(0, count)):
-                    if flat >= taken:
-                        break
-                    if flat in buffered:
-                        held[w].append(j)
-                    frontier[w] = j + 1
-                    flat += 1
-            round_index += 1
-        for w, stream in enumerate(streams):
-            left.extend(_not_emitted(stream, frontier[w], held[w]))
-    return left
+    return {"version": STATE_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin}

@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from shardcache.cache.fingerprint import Fingerprinter, check_stable_callable
 from shardcache.errors import CacheError, ConfigError
+from shardcache.snapshots.fingerprint import Fingerprinter, check_stable_callable
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def plan_fingerprint(source: Any, stages: Sequence[Any]) -> tuple[str, dict[str,
         stages: The stage specs before the cache boundary.
     """
     fingerprinter = Fingerprinter()
-    fingerprinter.add(("shardcache.cache", LAYOUT_VERSION, source.kind))
+    fingerprinter.add(("shardcache.snapshots", LAYOUT_VERSION, source.kind))
     options = {k: v for k, v in dict(source.options).items() if k not in _NOT_CONTENT_OPTIONS}
     fingerprinter.add(options)
     urls = [ref.url for ref in source.shards]
@@ -200,7 +200,7 @@ def provided_fingerprint(provider: Any, source: Any, stages: Sequence[Any]) -> t
             f"snapshot(fingerprint_provider=...) returned {value!r}: it must return a non-empty string"
         )
     fingerprinter = Fingerprinter()
-    fingerprinter.add(("shardcache.cache", LAYOUT_VERSION, "provided", value))
+    fingerprinter.add(("shardcache.snapshots", LAYOUT_VERSION, "provided", value))
     description = {
         "source": source.kind,
         "shards": len(source.shards),

@@ -1,4 +1,4 @@
-"""`Dataset.mix`: weighted mixing of several datasets (seed 003), as a real `Dataset`.
+"""`Dataset.mix`: weighted mixing of several pipelines (seed 003), as a pipeline of its own.
 
 Two modes:
 
@@ -11,8 +11,9 @@ Two modes:
   ``main`` source finishes one pass; the others restart (reshuffled) as often as needed.
 
 Under several slots every source is sharded by slot as usual; each slot takes an even share of the
-epoch's counts, so data-parallel ranks see the same number of samples. The result is a `Dataset`: stages
-chain after it, TorchLoader takes it, `set_epoch`/`state_dict`/`load_state_dict` work as for any pipeline.
+epoch's counts, so data-parallel ranks see the same number of samples. The result is a `PipelineSpec` whose
+root is a `MixSource` (the `Dataset` facade wraps it): stages chain after it, TorchLoader takes it,
+`set_epoch`/`state_dict`/`load_state_dict` work as for any pipeline.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, StateError
 from shardcache.mix.plan import plan_mix, split_for_slot
 from shardcache.mix.stream import (
@@ -36,7 +36,9 @@ from shardcache.mix.stream import (
     PassStream,
     RecipeIterator,
 )
-from shardcache.sources import SourceSpec
+from shardcache.pipeline.build import build
+from shardcache.pipeline.iteration import start
+from shardcache.pipeline.spec import ComposedSource, PipelineSpec
 from shardcache.stages import Node
 from shardcache.stages.base import State
 
@@ -76,16 +78,16 @@ def pass_seed(seed: int, pass_index: int) -> int:
     return int.from_bytes(digest[:7], "big")
 
 
-def member_size(dataset: Dataset) -> int:
+def member_size(spec: PipelineSpec) -> int:
     """A member's sample count: from manifests' `num_samples` when stages keep counts, else counted once."""
-    counts = [ref.num_samples for ref in dataset.source.shards]
-    if all(kind in _COUNT_PRESERVING for kind in (s.kind for s in dataset.stages)) and all(
+    counts = [ref.num_samples for ref in spec.source.shards]
+    if all(kind in _COUNT_PRESERVING for kind in (s.kind for s in spec.stages)) and all(
         c is not None for c in counts
     ):
         return sum(c for c in counts if c is not None)
-    logger.info("mix: counting the samples of %r once (no manifest num_samples)", dataset)
-    single = RuntimeContext(seed=dataset.resolve_context().seed)
-    iterator = dataset.with_stages(dataset.stages).iter_context(single)
+    logger.info("mix: counting the samples of %r once (no manifest num_samples)", spec.source)
+    single = RuntimeContext(seed=spec.resolve_context(None, None).seed)
+    iterator = start(spec, single, None)
     try:
         return sum(1 for _ in iterator)
     finally:
@@ -95,13 +97,13 @@ def member_size(dataset: Dataset) -> int:
 class _MemberPasses:
     """One member of a mix seen by one slot: pass j is the member's pipeline at (pass seed j, epoch)."""
 
-    def __init__(self, name: str, dataset: Dataset, ctx: RuntimeContext) -> None:
+    def __init__(self, name: str, spec: PipelineSpec, ctx: RuntimeContext) -> None:
         self.name = name
-        self.dataset = dataset
+        self.spec = spec
         self.ctx = ctx
 
     def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[Any]:
-        node = self.dataset.build(dataclasses.replace(self.ctx, seed=pass_seed(self.ctx.seed, pass_index)))
+        node = build(self.spec, dataclasses.replace(self.ctx, seed=pass_seed(self.ctx.seed, pass_index)))
         if state is not None:
             node.load_state_dict(state)
         return node
@@ -114,7 +116,7 @@ class _MemberPasses:
 class MixNode(Node):
     """The source node of a mixed dataset for one slot and epoch."""
 
-    def __init__(self, members: Sequence[tuple[str, Dataset]], config: MixConfig, ctx: RuntimeContext):
+    def __init__(self, members: Sequence[tuple[str, PipelineSpec]], config: MixConfig, ctx: RuntimeContext):
         super().__init__()
         self.members = members
         self.config = config
@@ -172,12 +174,12 @@ class MixNode(Node):
 
 
 @dataclass(frozen=True)
-class MixSource(SourceSpec):
-    """The root of a mixed dataset: a source whose samples come from other datasets (`Dataset.build`
-    dispatches on it). Its shards are the members' (telemetry and job ids see them); its description, and
-    so the fingerprint, is the mixing arguments and each member's own fingerprint."""
+class MixSource(ComposedSource):
+    """The root of a mixed pipeline: a source whose samples come from other pipelines (`build` asks it for
+    its node). Its shards are the members' (telemetry and job ids see them); its description, and so the
+    fingerprint, is the mixing arguments and each member's own fingerprint."""
 
-    members: tuple[tuple[str, Dataset], ...] = ()
+    members: tuple[tuple[str, PipelineSpec], ...] = ()
     config: MixConfig | None = None
 
     def describe(self) -> str:
@@ -196,14 +198,17 @@ class MixSource(SourceSpec):
 
 
 def mix_root(
-    members: Sequence[tuple[str, Dataset]], config: MixConfig, context: RuntimeContext | None
-) -> MixSource:
-    """The `MixSource` of `members` mixed by `config`."""
-    shards = tuple(ref for _, ds in members for ref in ds.source.shards)
-    return MixSource("mix", shards, {}, context, None, members=tuple(members), config=config)
+    members: Sequence[tuple[str, PipelineSpec]], config: MixConfig, context: RuntimeContext | None
+) -> PipelineSpec:
+    """The pipeline whose root is the `MixSource` of `members` mixed by `config`."""
+    shards = tuple(ref for _, spec in members for ref in spec.source.shards)
+    return PipelineSpec(MixSource("mix", shards, {}, context, None, members=tuple(members), config=config))
 
 
-def _named(datasets: Mapping[str, Dataset] | Sequence[Dataset]) -> list[tuple[str, Dataset]]:
+Members = Mapping[str, PipelineSpec] | Sequence[PipelineSpec]
+
+
+def _named(datasets: Members) -> list[tuple[str, PipelineSpec]]:
     items = (
         list(datasets.items())
         if isinstance(datasets, Mapping)
@@ -212,7 +217,7 @@ def _named(datasets: Mapping[str, Dataset] | Sequence[Dataset]) -> list[tuple[st
     if not items:
         raise ConfigError("mix(datasets=...): give at least one dataset")
     for name, ds in items:
-        if not isinstance(ds, Dataset):
+        if not isinstance(ds, PipelineSpec):
             raise ConfigError(
                 f"mix(datasets=...): {name!r} is {type(ds).__name__}, expected a shardcache Dataset"
             )
@@ -236,7 +241,7 @@ def _per_source(name: str, value: Any, names: list[str]) -> list[Any]:
 
 
 def mix(
-    datasets: Mapping[str, Dataset] | Sequence[Dataset],
+    datasets: Members,
     weights: Mapping[str, float] | Sequence[float] | None = None,
     temperature: float = 1.0,
     virtual_size: int | None = None,
@@ -246,8 +251,8 @@ def mix(
     main: str | None = None,
     *,
     context: RuntimeContext | None = None,
-) -> Dataset:
-    """Mix several datasets into one (seed 003): temperature-weighted counts, or exact recipe batches.
+) -> PipelineSpec:
+    """Mix several pipelines into one (seed 003): temperature-weighted counts, or exact recipe batches.
 
     Args:
         datasets: Name -> Dataset, or a list (named "0", "1", ...). None may resample.
@@ -263,7 +268,7 @@ def mix(
         context: An explicit RuntimeContext for the mix (else inferred at iteration, as for any Dataset).
 
     Returns:
-        A `Dataset` whose source is a `MixSource`, to chain stages on, iterate, or hand to TorchLoader.
+        A pipeline whose root is a `MixSource`, to chain stages on, iterate, or hand to TorchLoader.
 
     Raises:
         ConfigError: a bad argument, named, with what is accepted.
@@ -299,7 +304,7 @@ def mix(
             raise ConfigError(f"recipe[{main!r}] must be >= 1: the main dataset drives the epoch")
         recipe_counts = tuple(counts)
     weight_list = None if weights is None else tuple(float(w) for w in _per_source("weights", weights, names))
-    sizes = tuple(member_size(ds) for _, ds in members) if recipe_counts is None else (0,) * len(members)
+    sizes = tuple(member_size(spec) for _, spec in members) if recipe_counts is None else (0,) * len(members)
     config = MixConfig(
         tuple(names),
         sizes,
@@ -323,17 +328,17 @@ def mix(
             seed=seed or 0,
         )
         plan.log()
-    return Dataset(mix_root(members, config, context))
+    return mix_root(members, config, context)
 
 
 def mixed_source(
-    sources: Mapping[str, Dataset],
+    sources: Mapping[str, PipelineSpec],
     *,
     strategy: str = "weighted_round_robin",
     weights: Mapping[str, int] | None = None,
     context: RuntimeContext | None = None,
     seed: int | None = None,
-) -> Dataset:
+) -> PipelineSpec:
     """`Dataset.from_source("mixed", sources=..., strategy=..., weights=...)`: mvp-dataset's mixed source.
 
     Each source is read once per epoch (every slot its own share, as for any dataset), in the order the
@@ -396,4 +401,4 @@ def mixed_source(
         strategy=strategy,
     )
     chosen = context if context is not None else next(iter(explicit), None)
-    return Dataset(mix_root(members, config, chosen))
+    return mix_root(members, config, chosen)

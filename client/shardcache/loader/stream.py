@@ -22,6 +22,7 @@ not a queue: it works under every start method and needs no feeder thread in the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -38,7 +39,7 @@ from typing import Any
 
 from shardcache.dataset import Dataset
 from shardcache.errors import StateError
-from shardcache.loader_watchdog import register_worker
+from shardcache.loader.watchdog import register_worker
 from shardcache.sources.counting import RunFacts
 from shardcache.stages.base import Node, State, field
 
@@ -137,7 +138,7 @@ class WorkerStream:
         # A private copy: the caller's keeps its state; counts from the order when the main process sent them.
         source = self.dataset
         facts = source.run_facts if order.facts is None else order.facts
-        ds = Dataset(source.source, source.stages, epoch=source.epoch, facts=facts)
+        ds = Dataset(dataclasses.replace(source.spec, facts=facts), epoch=source.epoch)
         if order.epoch is not None:
             ds.set_epoch(order.epoch)
         state = order.states.get(wid)

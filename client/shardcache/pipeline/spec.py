@@ -1,0 +1,118 @@
+"""`PipelineSpec`: what a `Dataset` is — a root source (one kind's shards, or a composition such as a mix),
+the stages after it, and the facts the main process learned for it.
+
+A spec is immutable: every feature (`Dataset.map`, `split`, `mix`, `mini_epochs`, `cache`) is a function
+from specs to specs, and `shardcache.pipeline.build.build(spec, ctx)` turns one into the node chain of one
+slot. The mutable side of a `Dataset` (its epoch, its latest iterator, a state to resume) is not here.
+
+`facts` (`RunFacts`: sample counts, torch.distributed) is a memo, not identity: it is excluded from
+equality and from the fingerprint, shared by specs derived with other stages (they read the same units),
+and pickled with the spec so that DataLoader workers see the main process's counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.resume.check import pipeline_parts
+from shardcache.sources import SourceNode, SourceSpec, node_class
+from shardcache.sources.counting import RunFacts, unit_counts
+from shardcache.sources.subset import select_units
+from shardcache.stages import Node, Stage
+
+# How a pipeline becomes one slot's node chain (`shardcache.pipeline.build.build`), handed to the parts that
+# build pipelines of their own below it (a mix's members, a `.cache()` boundary before another).
+NodeBuilder = Callable[["PipelineSpec", RuntimeContext], Node]
+
+
+@dataclass(frozen=True)
+class ComposedSource(SourceSpec):
+    """A root whose samples come from other pipelines (a mix): it builds its own node for a slot."""
+
+    @abstractmethod
+    def node(self, ctx: RuntimeContext) -> Node:
+        """The root node of one slot."""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A root source and the stages after it, in order."""
+
+    source: SourceSpec
+    stages: tuple[Stage, ...] = ()
+    facts: RunFacts = field(default_factory=RunFacts, compare=False, repr=False)
+
+    def describe(self) -> str:
+        """The stable description the fingerprint hashes (no object ids)."""
+        return "\n".join([self.source.describe(), *(stage.describe() for stage in self.stages)])
+
+    def fingerprint(self) -> str:
+        """A stable hash of the source and stage list (what a resume state must match)."""
+        return hashlib.sha256(self.describe().encode()).hexdigest()[:32]
+
+    def parts(self) -> list[str]:
+        """Short descriptions of the source and each stage, carried in states (`shardcache.resume.check`)."""
+        return pipeline_parts(self.source, self.stages)
+
+    @property
+    def composed(self) -> bool:
+        """Whether the root is a composition of other pipelines (a mix) rather than one kind's shards."""
+        return isinstance(self.source, ComposedSource)
+
+    @property
+    def cached(self) -> bool:
+        """Whether a `.cache()` boundary is in the stages."""
+        return any(stage.kind == "cache" for stage in self.stages)
+
+    def with_stages(self, stages: Sequence[Stage]) -> PipelineSpec:
+        """The same source (and facts) with another stage list."""
+        return PipelineSpec(self.source, tuple(stages), self.facts)
+
+    def then(self, stage: Stage) -> PipelineSpec:
+        """This pipeline with `stage` appended."""
+        return self.with_stages((*self.stages, stage))
+
+    def with_source(self, source: SourceSpec) -> PipelineSpec:
+        """Another source under the same stages; fresh facts, since the units differ."""
+        return PipelineSpec(source, self.stages)
+
+    def resolve_context(self, context: RuntimeContext | None, epoch: int | None) -> RuntimeContext:
+        """The context an iteration uses: explicit (`context`, else the source's; adjusted to the torch
+        worker running it) or inferred from torch and the environment; with `epoch` when set."""
+        explicit = context if context is not None else self.source.context
+        ctx = explicit.in_current_worker() if explicit is not None else RuntimeContext.from_runtime()
+        return ctx if epoch is None else ctx.with_epoch(epoch)
+
+    def source_node(self, ctx: RuntimeContext) -> SourceNode:
+        """The root node of one slot, for a root of one kind's shards."""
+        assert not self.composed, "a composed root builds its own node"
+        node: SourceNode = node_class(self.source.kind)(self.source, ctx, self.facts)
+        return node
+
+    def partitioning_of(self, ctx: RuntimeContext) -> list[Any] | None:
+        """[placement, even, exchange] as the source resolves them in `ctx` (None for a composed root)."""
+        if self.composed:
+            return None
+        return self.source_node(ctx).partitioning.as_list()
+
+    def count_samples(self, ctx: RuntimeContext, *, always: bool = False) -> None:
+        """Run the counting pass `even=` needs (or, with `always`, any elastic resume) into `facts`."""
+        self.facts.capture()
+        if self.composed or self.cached:
+            return  # a mix's members count when they are read; a cached dataset's rows are lance's
+        node = self.source_node(ctx)
+        try:
+            if (
+                node.partitionable
+                and not node.counted_by_metadata
+                and (node.partitioning.even is not None or always)
+            ):
+                units = select_units(self.source.kind, node.units(), self.source.options.get("subset"))
+                unit_counts(node, units)
+        finally:
+            node.close()

@@ -1,0 +1,237 @@
+"""A TorchLoader's resume state: its identity, the checks, and where the workers start again.
+
+A loader's state (`LoaderState`: `header`, then every node's position) names what it was taken from: a
+fingerprint and short descriptions (`LoaderShape.parts`) of the dataset, the worker-side batching and the
+loader-side stages, the number of workers and the data-parallel layout. `check_loaded` refuses a
+state the loader cannot resume from; `resume_start` turns the loaded state into the loader's own state
+and the workers' start states, for an elastic resume from merged states too
+(positions and origins: `shardcache.resume.elastic`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import StateError, UnsupportedResume
+from shardcache.formatting import callable_name
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.elastic import (
+    ONE_TO_ONE_STAGES,
+    check_merged,
+    elastic_state,
+    is_merged,
+    needs_counts,
+    origin_of,
+    source_position,
+)
+from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
+from shardcache.stages import Stage
+from shardcache.stages.shuffle import ShuffleStage
+
+
+@dataclass(frozen=True)
+class LoaderShape:
+    """What a TorchLoader's states identify it by: the dataset's pipeline, the worker-side batching and the
+    loader-side stages (the TorchLoader makes one; nothing here holds the loader itself)."""
+
+    dataset: PipelineSpec
+    num_workers: int
+    batch_size: int | None
+    collate_fn: Callable[[list[Any]], Any] | None
+    drop_last: bool
+    stages: tuple[Stage, ...]
+
+    def _collate_name(self) -> str | None:
+        return None if self.collate_fn is None else callable_name(self.collate_fn)
+
+    def fingerprint(self, num_workers: int | None = None) -> str:
+        """A stable hash of the dataset, the worker-side batching (with `num_workers`, by default the
+        loader's) and the loader's stages."""
+        workers = self.num_workers if num_workers is None else num_workers
+        parts = [
+            self.dataset.fingerprint(),
+            f"workers={workers} batch={self.batch_size} collate={self._collate_name()} "
+            f"drop_last={self.drop_last}",
+            *(stage.describe() for stage in self.stages),
+        ]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+    def parts(self, num_workers: int | None = None) -> list[str]:
+        """Short descriptions of the dataset, the loader's batching and its stages (`resume.check`)."""
+        workers = self.num_workers if num_workers is None else num_workers
+        return [
+            *self.dataset.parts(),
+            f"loader({workers},{self.batch_size},{self._collate_name()},{self.drop_last})",
+            *(stage.describe() for stage in self.stages),
+        ]
+
+
+def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a state of the loader's iteration as `ctx` starts with, before the nodes' positions (`origin`:
+    where an elastic resume started this epoch); `LoaderState` less its ``pipeline``."""
+    return {
+        "version": STATE_VERSION,
+        "kind": "torch_loader",
+        "fingerprint": shape.fingerprint(),
+        "stages": shape.parts(),
+        "num_workers": shape.num_workers,
+        "dp_rank": ctx.dp_rank,
+        "dp_size": ctx.dp_size,
+        "node_groups": ctx.node_groups,
+        "epoch": ctx.epoch,
+        # What an elastic resume through a loader-side shuffle needs to replay this epoch's plan.
+        "partitioning": shape.dataset.partitioning_of(ctx),
+        "origin": origin,
+    }
+
+
+def check_loaded(shape: LoaderShape, state: dict[str, Any], ctx: RuntimeContext) -> None:
+    """Refuse a state `TorchLoader.load_state_dict` cannot take (`ctx`: the loader's context now)."""
+    if is_merged(state):
+        if state.get("of") != "torch_loader":
+            raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
+        # An elastic resume may change num_workers: the rest of the loader must be the same.
+        saved = (state.get("states") or [{}])[0]
+        workers = saved.get("num_workers", shape.num_workers)
+        check_merged(state, shape.fingerprint(workers), shape.parts(workers))
+    else:
+        check_state(shape, state, ctx)
+
+
+def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext) -> None:
+    """Refuse a loader's own state of another kind, version, layout or pipeline, or a truncated one."""
+    if not isinstance(state, dict) or state.get("kind") != "torch_loader":
+        raise StateError("resume state was not taken from a TorchLoader (use Dataset.load_state_dict)")
+    check_version(state, "TorchLoader resume state")
+    if state.get("num_workers") != shape.num_workers:
+        raise StateError(
+            f"resume state was taken with num_workers={state.get('num_workers')}, this TorchLoader has "
+            f"num_workers={shape.num_workers}; resume with the same number of workers"
+        )
+    if (state.get("dp_rank"), state.get("dp_size")) != (ctx.dp_rank, ctx.dp_size):
+        raise StateError(
+            f"resume state is for data-parallel rank {state.get('dp_rank')} of {state.get('dp_size')}, "
+            f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size"
+        )
+    check_fingerprint(
+        state,
+        shape.fingerprint(),
+        shape.parts(),
+        "resume state was taken from a TorchLoader with another dataset, batching or stage list",
+    )
+    if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
+        raise StateError("TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated")
+
+
+def resume_start(
+    shape: LoaderShape, pending: dict[str, Any] | None, ctx: RuntimeContext
+) -> tuple[dict[str, Any] | None, dict[int, Any], RuntimeContext]:
+    """Where the loader's iteration as `ctx` starts: its own checked state (None: none, or an elastic
+    resume), the workers' start states, and the context with the saved epoch."""
+    worker_states: dict[int, Any] = {}
+    if pending is not None and pending.get("kind") == "merged":
+        pending, worker_states, epoch = _from_merged(shape, pending, ctx)
+        ctx = ctx.with_epoch(epoch)
+    if pending is not None:
+        check_state(shape, pending, ctx)
+        ctx = ctx.with_epoch(int(pending["epoch"]))
+    return pending, worker_states, ctx
+
+
+def _from_merged(
+    shape: LoaderShape, merged: dict[str, Any], ctx: RuntimeContext
+) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
+    """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
+    states = merged["states"]
+    first = states[0]
+    unchanged = (first.get("dp_size"), first.get("num_workers"), first.get("node_groups")) == (
+        ctx.dp_size,
+        shape.num_workers,
+        ctx.node_groups,
+    )
+    if unchanged:
+        return states[ctx.dp_rank], {}, int(merged["epoch"])
+    if any(stage.kind == "shuffle" for stage in shape.stages):
+        origin = _loader_shuffle_origin(shape, merged)
+    else:
+        entries: list[tuple[int, dict[str, Any] | None, bool]] = []
+        for state in states:
+            merge = state["pipeline"]
+            for stage in reversed(shape.stages):
+                if stage.kind not in ("map", "batch"):
+                    raise UnsupportedResume(
+                        "an elastic resume (another number of nodes, ranks or workers) cannot go through "
+                        f"the loader-side .{stage.describe()}: it holds items back. Resume on the same "
+                        "topology with each rank's own state, or keep map, batch and one shuffle (after "
+                        "an unbatch) on the loader"
+                    )
+                merge = merge["up"]
+            streams = max(1, int(state["num_workers"]))
+            done = set(merge.get("exhausted", ()))
+            for w in range(streams):
+                slot = int(state["dp_rank"]) * streams + w
+                worker = merge["workers"].get(str(w))
+                stages = shape.dataset.stages
+                position = None if worker is None else source_position(stages, worker["pipeline"])
+                entries.append((slot, position, w in done))
+        origin = origin_of(entries, int(merged["epoch"]), shape.dataset.stages)
+    if needs_counts(origin):  # here in the main process: the workers get the counts with the dataset
+        shape.dataset.count_samples(ctx, always=True)
+    start = elastic_state(shape.dataset.fingerprint(), origin)
+    return None, {w: start for w in range(max(1, shape.num_workers))}, int(merged["epoch"])
+
+
+def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[str, Any]:
+    """The origin of an elastic resume through a loader-side shuffle (`sources.pieces._loader_left`): each
+    old rank's shuffle progress, with the layout and partitioning its header recorded."""
+
+    def refuse(why: str) -> UnsupportedResume:
+        return UnsupportedResume(
+            f"an elastic resume through the loader-side shuffle needs {why}; resume on the same topology "
+            "with each rank's own state"
+        )
+
+    stages = list(shape.stages)
+    at = next(i for i, s in enumerate(stages) if s.kind == "shuffle")
+    shuffle = stages[at]
+    assert isinstance(shuffle, ShuffleStage)
+    below = [s.kind for s in stages[:at] if s.kind != "map"]
+    if below != (["unbatch"] if shape.batch_size is not None else []) or any(
+        s.kind not in ("map", "batch") for s in stages[at + 1 :]
+    ):
+        raise refuse("the workers' batches unbatched right before it and only map or batch after it")
+    if any(s.kind not in ONE_TO_ONE_STAGES for s in shape.dataset.stages):
+        raise refuse("only map and select in the dataset (one sample per input)")
+    if shape.drop_last:
+        raise refuse("drop_last=False for the workers' batches")
+    ranks: dict[str, list[int]] = {}
+    first = merged["states"][0]
+    if first.get("partitioning") is None:
+        raise refuse("a state taken by this version (it records the partitioning)")
+    for state in merged["states"]:
+        node = state["pipeline"]
+        for _ in stages[at + 1 :]:  # map and batch after the shuffle: their state is the shuffle's
+            node = node["up"]
+        ranks[str(int(state["dp_rank"]))] = [int(node["taken"]), int(node["emitted"])]
+    return {
+        "epoch": int(merged["epoch"]),
+        "layout": {
+            "groups": int(first["node_groups"]),
+            "ranks": int(first["dp_size"]),
+            "workers": max(1, int(first["num_workers"])),
+        },
+        "partitioning": first["partitioning"],
+        "slots": {},
+        "exhausted": [],
+        "origin": first.get("origin"),
+        "shuffle": None,
+        "loader": {
+            "batch": shape.batch_size or 1,
+            "shuffle": [shuffle.buffer_size, shuffle.initial, shuffle.seed],
+            "ranks": ranks,
+        },
+    }

@@ -1,0 +1,91 @@
+"""Where a Dataset's iteration starts from a loaded state: the checks, and the `ResumePoint`.
+
+A state is either this reader's own `PipelineIterator.state_dict()` (`DatasetState`) or the states of every
+rank merged by `shardcache.merge_states`, which resumes on any layout (`shardcache.resume.elastic`: this
+reader's own state when the layout is unchanged, else the origin of an elastic resume).
+`Dataset.load_state_dict` checks it with `check_loaded`; the next iteration turns it into a `ResumePoint`
+(`resume_point`), which sets the epoch and restores the nodes it builds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import StateError, UnsupportedResume
+from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.elastic import check_merged, is_merged, own_or_origin
+from shardcache.resume.state import check_fingerprint, check_version
+from shardcache.sources.base import SourceNode, source_below
+from shardcache.stages import Node
+
+
+def check_loaded(spec: PipelineSpec, state: dict[str, Any]) -> None:
+    """Refuse a state `spec` cannot resume from: its own kind, or a merged one (`resume.elastic`)."""
+    if is_merged(state):
+        check_merged(state, spec.fingerprint(), spec.parts())
+    else:
+        check_state(spec, state, None)
+
+
+def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> None:
+    """Refuse a reader's own state of another version or pipeline, or (with `ctx`) for another slot."""
+    if not isinstance(state, dict):
+        raise StateError(f"resume state {state!r} is not a state dict; pass what state_dict() returned")
+    check_version(state, "resume state")
+    check_fingerprint(
+        state,
+        spec.fingerprint(),
+        spec.parts(),
+        "resume state was taken from a pipeline with another source or stage list",
+    )
+    if ctx is not None and (state.get("slot"), state.get("total_slots")) != (ctx.slot, ctx.total_slots):
+        raise StateError(
+            f"resume state is for slot {state.get('slot')} of {state.get('total_slots')}, this reader is "
+            f"slot {ctx.slot} of {ctx.total_slots}; resume with the same ranks and workers"
+        )
+
+
+class ResumePoint:
+    """Where one iteration starts: this reader's own checked `state`, or an elastic resume's `origin`."""
+
+    def __init__(self, state: dict[str, Any] | None, origin: dict[str, Any] | None) -> None:
+        self.state = state
+        self.origin = origin
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the saved pass was in."""
+        return int((self.state if self.state is not None else self.origin or {})["epoch"])
+
+    def restore(self, node: Node) -> None:
+        """Put the freshly built `node` chain where the state left it (or its source at the origin)."""
+        if self.state is not None:
+            node.load_state_dict(self.state["pipeline"])
+            return
+        source = source_below(node)
+        if source is None:
+            raise UnsupportedResume("an elastic resume needs a pipeline over one source (not a mix)")
+        source.origin = self.origin
+
+    def carry_over(self, source: SourceNode | None) -> None:
+        """Go on counting, in `source`, the shards skipped before the state was taken."""
+        if self.state is not None and source is not None:
+            skipped = self.state.get("skipped_shards", 0)
+            source.skipped_shards = skipped if isinstance(skipped, int) else 0
+
+
+def resume_point(
+    spec: PipelineSpec, pending: dict[str, Any] | None, ctx: RuntimeContext
+) -> ResumePoint | None:
+    """The checked start of the iteration `ctx` runs from the loaded state `pending` (None: from scratch)."""
+    if pending is None:
+        return None
+    origin = None
+    if is_merged(pending):
+        pending, origin = own_or_origin(spec, pending, ctx)
+    if pending is not None:
+        check_state(spec, pending, ctx)
+    elif origin is None:
+        return None
+    return ResumePoint(pending, origin)

@@ -1,0 +1,65 @@
+"""The `.cache()` boundary: checking the stage, and cutting a pipeline there.
+
+`Dataset.cache()` adds a `CacheStage` (`cache_stage`); building the pipeline for a slot replaces
+everything up to the last cache stage with a Lance source over what `shardcache.snapshots.materialise`
+wrote (`cut_at_cache`), so only the stages after it run on every pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError
+from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
+from shardcache.shards import ShardRef
+from shardcache.snapshots import materialise, validate_pre_cache
+from shardcache.sources import SourceSpec
+from shardcache.stages import CacheStage, Stage, builders
+
+CACHE_DEFAULTS: dict[str, Any] = {
+    "cache_dir": ".cache",
+    "cache_num_workers": 1,
+    "cache_write_batch_size": 1024,
+    "max_rows_per_fragment": 5000,
+}
+
+
+def last_cache(stages: tuple[Stage, ...]) -> int:
+    return max((i for i, s in enumerate(stages) if s.kind == "cache"), default=-1)
+
+
+def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:
+    """The cache stage `Dataset.cache(**options)` appends to `spec`, checked.
+
+    Raises:
+        ConfigError: after a mix, a non-positive size, or a stage that cannot go into a cache.
+    """
+    if spec.composed:
+        raise ConfigError(
+            "cache() after mix() is not supported: cache each dataset before mixing "
+            "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
+        )
+    builders.positive_int("cache_num_workers", options["cache_num_workers"])
+    builders.positive_int("cache_write_batch_size", options["cache_write_batch_size"])
+    builders.positive_int("max_rows_per_fragment", options["max_rows_per_fragment"])
+    validate_pre_cache(spec.stages[last_cache(spec.stages) + 1 :])
+    return CacheStage(options)
+
+
+def cached(spec: PipelineSpec, options: dict[str, Any]) -> PipelineSpec:
+    """`spec.cache(**options)`: `spec` with a checked cache stage appended (defaults: `CACHE_DEFAULTS`)."""
+    return spec.then(cache_stage(spec, {**CACHE_DEFAULTS, **options}))
+
+
+def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuilder) -> PipelineSpec:
+    """The pipeline to build for `ctx`: a Lance source over the materialised part before the last cache
+    stage, and the stages after it (`spec` itself without a cache stage)."""
+    last = last_cache(spec.stages)
+    if last < 0:
+        return spec
+    cache = spec.stages[last]
+    assert isinstance(cache, CacheStage)
+    path = materialise(spec.with_stages(spec.stages[:last]), ctx, dict(cache.options), build_nodes)
+    lance = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
+    return PipelineSpec(lance, spec.stages[last + 1 :])
