@@ -148,7 +148,7 @@ def compare_balance(root: Path, paths: list[str], samples: int, ranks: list[int]
     this process's CPU time (steadier on a shared machine: the reads are single-threaded).
     """
     from shardcache import Dataset, RuntimeContext
-    from shardcache.shards import write_manifest
+    from shardcache.sources.manifests import write_manifest
 
     manifest = str(root / "shards.manifest.jsonl")
     write_manifest(paths, manifest)

@@ -22,9 +22,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
+
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonUnavailable, ShardcacheError
 from shardcache.formatting import human_bytes
+from shardcache.shards import ShardRef, expand_shards, read_manifest
+from shardcache.snapshots.cli import add_cache_subcommands, run_cache_command
+from shardcache.sources.manifests import write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +100,6 @@ def cmd_ls(client: DaemonClient, args: argparse.Namespace) -> int:
 
 
 def cmd_warm(client: DaemonClient, args: argparse.Namespace) -> int:
-    from shardcache.shards import ShardRef, expand_shards, read_manifest
-
     refs: list[ShardRef] = []
     if args.urls:
         # The shard specs `from_source` takes. A positional `.jsonl` is a data shard unless it is named
@@ -112,8 +115,6 @@ def cmd_warm(client: DaemonClient, args: argparse.Namespace) -> int:
         client.prefetch([url for url, _, _ in targets])
         print(f"asked the daemon to prefetch {len(targets)} shards", file=sys.stderr)
         return 0
-    from tqdm import tqdm
-
     # Opening each shard (rather than one prefetch request) makes the progress bar and any error real.
     with tqdm(targets, desc="warming", unit="shard", file=sys.stderr, disable=args.quiet) as bar:
         for url, size, checksum in bar:
@@ -131,8 +132,6 @@ def cmd_evict(client: DaemonClient, args: argparse.Namespace) -> int:
 
 
 def cmd_manifest(client: DaemonClient, args: argparse.Namespace) -> int:
-    from shardcache.shards import write_manifest
-
     count = write_manifest(args.pattern, args.output)
     print(f"wrote {args.output} with {count} shards", file=sys.stderr)
     return 0
@@ -216,8 +215,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
 
-    from shardcache.snapshots.cli import add_cache_subcommands
-
     add_cache_subcommands(sub)
     return parser
 
@@ -249,8 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(message)s")
     if args.command == "cache":
         # `.cache()` entries are local Lance datasets: no daemon is involved.
-        from shardcache.snapshots.cli import run_cache_command
-
         return run_cache_command(args)
     # An operator's command fails at once when no daemon answers, instead of waiting out a restart.
     client = DaemonClient(args.socket, required=True, restart_wait_s=0)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import braceexpand
+import fsspec
 
 from shardcache.errors import ConfigError
+from shardcache.extras import filesystem_extra
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +52,6 @@ def local_path(url: str) -> str:
 
 
 def _glob(pattern: str) -> list[str]:
-    import fsspec
-
-    from shardcache.extras import filesystem_extra
-
     with filesystem_extra(pattern):
         fs, path = fsspec.core.url_to_fs(pattern)
     matches = sorted(fs.glob(path))
@@ -70,8 +65,6 @@ def read_manifest(path: str) -> list[ShardRef]:
 
     Relative URLs are resolved against the manifest's directory.
     """
-    import fsspec
-
     refs: list[ShardRef] = []
     base = path.rsplit("/", 1)[0] if "/" in path else "."
     with fsspec.open(path, "rt", encoding="utf-8") as f:
@@ -149,80 +142,3 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
     if not refs:
         raise ConfigError(f"shards={spec!r}: no shard given")
     return refs
-
-
-def count_shard_samples(url: str, data: bytes) -> int | None:
-    """Samples in a shard's bytes: tar samples, jsonl lines, parquet rows; None for other kinds.
-
-    Compressed tar and jsonl shards (`.tar.gz`, `.tgz`, `.jsonl.gz`, `.tar.zst`, `.jsonl.zst`) are counted
-    after decompression.
-    """
-    from shardcache.sources.compression import decompress_all, plain_name
-
-    kind = plain_name(url)
-    if kind != url and kind.endswith((".tar", ".jsonl")):
-        data = decompress_all(data, url)
-    if kind.endswith(".tar"):
-        from shardcache.sources.tarfmt import iter_tar_samples
-
-        return sum(1 for _ in iter_tar_samples(data, url))
-    if kind.endswith(".jsonl"):
-        return sum(1 for line in data.splitlines() if line.strip())
-    if url.endswith(".parquet"):
-        import io
-
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ConfigError(
-                f"{url}: counting parquet rows needs pyarrow: pip install 'shardcache[parquet]'"
-            ) from exc
-
-        return int(pq.ParquetFile(io.BytesIO(data)).metadata.num_rows)
-    return None
-
-
-def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_samples: bool = True) -> int:
-    """Write a `.jsonl` manifest of the shards `pattern` expands to; returns the number of shards.
-
-    Each line holds `url`, `size`, `checksum` ("sha256:<hex>") and, when `count_samples`, `num_samples` for
-    tar, jsonl and parquet shards (and `sample_offsets` for plain tars: see `ShardRef`). The file is written
-    atomically (temporary name, then rename).
-    """
-    import fsspec
-
-    refs = expand_shards(pattern, data_suffix=".jsonl")
-    out = Path(output)
-    lines = []
-    for ref in refs:
-        with fsspec.open(ref.url, "rb") as f:
-            data = f.read()
-        row: dict[str, Any] = {
-            "url": ref.url,
-            "size": len(data),
-            "checksum": f"sha256:{hashlib.sha256(data).hexdigest()}",
-        }
-        if count_samples:
-            row["num_samples"] = count_shard_samples(ref.url, data)
-            if ref.url.endswith(".tar"):
-                from shardcache.sources.tarfmt import sample_index
-
-                index = sample_index(data)
-                if index is not None:
-                    row["sample_offsets"] = list(index[1])
-        lines.append(json.dumps(row) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Created 0o666 less the umask, as `open()` would (mkstemp's 0o600 would hide it from a trainer's group).
-    tmp = str(out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    logger.info("wrote manifest %s with %d shards", out, len(refs))
-    return len(refs)

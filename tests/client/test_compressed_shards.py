@@ -16,7 +16,7 @@ import zstandard
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import CorruptShardError
-from shardcache.shards import write_manifest
+from shardcache.sources.manifests import write_manifest
 
 SAMPLES = 6
 

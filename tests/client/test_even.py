@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardcache import Dataset, RuntimeContext, TorchLoader
-from shardcache.shards import write_manifest
+from shardcache.sources.manifests import write_manifest
 from tests.client.pipeline_support import assert_resumes, slot_contexts, write_tar
 from tests.support.start_methods import worker_context
 

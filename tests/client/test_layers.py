@@ -1,22 +1,16 @@
-"""The client's layers, held: imports only go down (docs/architecture.md).
+"""The client's layers, held: imports only go down, and no module imports itself back (docs/architecture.md).
 
-Three parts are held so far, the lowest two layers and the mix package of the nodes layer:
+From the top: entry (`shardcache/__init__.py`, `cli`), facades (`Dataset`, `TorchLoader`), pipeline (specs
+and their features, iteration, resume states, the `.cache()` snapshots), nodes (sources, stages, the mix
+iterators), daemon access, base (errors, context, shard lists, ...; and the wire contract
+`shardcache_protocol`, which both programs own). Every module of `client/shardcache` is placed in one.
 
-- base: the modules in `BASE`, which import nothing of the client beyond base (and the wire contract,
-  `shardcache_protocol`, which both programs own);
-- daemon access, `shardcache.daemon_access`: base, itself and the wire contract; never a source, a stage, a
-  `Dataset`, the loader or torch;
-- `shardcache.mix` (nodes): the mix iterators and arithmetic import base and themselves only.
-
-Both are read statically with `ast` (imports at module level, inside functions and under TYPE_CHECKING
-alike: a type-only import upward is still a dependency upward), and then loaded in a fresh interpreter.
-There, importing any `shardcache.<module>` would first run `shardcache/__init__.py`, which imports the whole
+Imports are read statically with `ast`: at module level, inside functions and under TYPE_CHECKING alike (a
+type-only import upward is still a dependency upward, and a type-only circle is still a circle a reader has
+to untangle). Then each layer is loaded in a fresh interpreter, with the layers below it and nothing else:
+there, importing any `shardcache.<module>` would first run `shardcache/__init__.py`, which imports the whole
 client on purpose (its public names, and `shardcache.forksafe`'s rule that workers import nothing lazily),
-so the check stands in a bare parent package that only gives the folder: what loads is what the two layers
-themselves pull in.
-
-`shardcache.shards` is not base yet: it imports `shardcache.sources.compression` and
-`shardcache.sources.tarfmt` (inside functions) to count samples.
+so the check stands in a bare parent package that only gives the folder.
 """
 
 from __future__ import annotations
@@ -25,28 +19,41 @@ import ast
 import json
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "client" / "shardcache"
 
-# The base layer: what every other layer may import. A module that imports upward is not base.
-BASE = {
-    "shardcache.context",
-    "shardcache.envvars",
-    "shardcache.errors",
-    "shardcache.extras",
-    "shardcache.forksafe",
-    "shardcache.formatting",
-    "shardcache.jobs",
-    "shardcache.log",
-    "shardcache.mesh",
-}
-DAEMON_ACCESS = "shardcache.daemon_access"
-PROTOCOL = "shardcache_protocol"
-# Packages a user may not have installed: the only imports that may sit inside a function.
-OPTIONAL = {"torch", "lance", "pyarrow", "s3fs", "zstandard"}
-# What must never load with the lower layers (and a sample of the pipeline's modules, named for the message).
-NEVER = {"torch", "lance", "pyarrow", "shardcache.dataset", "shardcache.sources", "shardcache.stages"}
+# Top to bottom; a module belongs to the first layer with an entry that is its name or a package above it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("entry", ("shardcache.cli",)),
+    ("facades", ("shardcache.dataset", "shardcache.loader")),
+    ("pipeline", ("shardcache.pipeline", "shardcache.resume", "shardcache.snapshots")),
+    ("nodes", ("shardcache.sources", "shardcache.stages", "shardcache.mix")),
+    ("daemon access", ("shardcache.daemon_access",)),
+    (
+        "base",
+        (
+            "shardcache.context",
+            "shardcache.envvars",
+            "shardcache.errors",
+            "shardcache.extras",
+            "shardcache.forksafe",
+            "shardcache.formatting",
+            "shardcache.jobs",
+            "shardcache.log",
+            "shardcache.mesh",
+            "shardcache.shards",
+            "shardcache_protocol",
+        ),
+    ),
+]
+RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
+# Third-party packages a user may not have installed (and the demo's modules, present in a clone only):
+# the only imports that may sit inside a function, besides client modules that need one of them.
+OPTIONAL = {"torch", "lance", "pyarrow", "s3fs", "zstandard", "trainer_demo"}
 
 
 def module_name(path: Path) -> str:
@@ -54,19 +61,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def files_of(names: set[str]) -> dict[str, Path]:
-    found = {module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
-    missing = sorted(names - set(found))
-    assert missing == [], f"BASE names modules that do not exist: {missing}"
-    return {name: found[name] for name in names}
+@cache
+def client_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
 
 
-def daemon_access_files() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((PACKAGE / "daemon_access").glob("*.py"))}
-
-
-def mix_files() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((PACKAGE / "mix").glob("*.py"))}
+def layer_of(name: str) -> str | None:
+    if name == "shardcache":
+        return "entry"  # the package's __init__: the public names
+    for layer, prefixes in LAYERS:
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+            return layer
+    return None
 
 
 def is_submodule(name: str) -> bool:
@@ -75,13 +81,25 @@ def is_submodule(name: str) -> bool:
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
-def imports_of(module: str, path: Path) -> list[tuple[str, bool]]:
-    """Every module `path` imports, resolved to an absolute name, with whether it sits inside a function."""
+def is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+@cache
+def imports_of(module: str, *, executed: bool = False) -> tuple[tuple[str, bool], ...]:
+    """Every module `module` imports, resolved to an absolute name, with whether it sits inside a function
+    (`executed`: leave out the imports under TYPE_CHECKING, which never run).
+
+    `from package import name` is an import of the submodule when `name` is one, else of the package.
+    """
+    path = client_modules()[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if executed and is_type_checking(child):
+                continue
             inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             if isinstance(child, ast.Import):
                 found.extend((alias.name, inside) for alias in child.names)
@@ -93,72 +111,96 @@ def imports_of(module: str, path: Path) -> list[tuple[str, bool]]:
                     origin = child.module or ""
                 for alias in child.names:
                     candidate = f"{origin}.{alias.name}"
-                    # `from shardcache import forksafe` imports the module shardcache.forksafe.
                     submodule = origin.startswith("shardcache") and is_submodule(candidate)
                     found.append((candidate if submodule else origin, inside))
             visit(child, inside)
 
     visit(ast.parse(path.read_text(), filename=str(path)), False)
-    return found
+    return tuple(found)
 
 
 def of_the_client(name: str) -> bool:
-    return name == "shardcache" or name.startswith("shardcache.")
+    return name == "shardcache" or name.startswith(("shardcache.", "shardcache_protocol"))
 
 
-def in_base(name: str) -> bool:
-    return name in BASE or name == PROTOCOL or name.startswith(PROTOCOL + ".")
+@cache
+def needs_an_optional_package(module: str) -> bool:
+    """Whether importing `module` imports an optional package (at its module level, or through such a
+    client module): importing it inside a function is then how a feature stays optional."""
+    return any(
+        name.split(".")[0] in OPTIONAL or (name in client_modules() and needs_an_optional_package(name))
+        for name, inside in imports_of(module, executed=True)
+        if not inside
+    )
 
 
-def in_daemon_access(name: str) -> bool:
-    return name == DAEMON_ACCESS or name.startswith(DAEMON_ACCESS + ".")
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(name for name in client_modules() if layer_of(name) is None)
+    assert unplaced == [], f"add these modules to a layer in LAYERS (and docs/architecture.md): {unplaced}"
 
 
-def test_base_modules_import_nothing_of_the_client_beyond_base() -> None:
+def test_every_layer_has_modules() -> None:
+    placed = {layer_of(name) for name in client_modules()}
+    assert set(RANK) <= placed | {"base"}, sorted(set(RANK) - placed)
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = [
-        f"{module} imports {name}"
-        for module, path in sorted(files_of(BASE).items())
-        for name, _ in imports_of(module, path)
-        if of_the_client(name) and not in_base(name)
+        f"{module} ({layer_of(module)}) imports {name} ({layer_of(name)})"
+        for module in client_modules()
+        for name, _ in imports_of(module)
+        if of_the_client(name) and RANK[layer_of(name) or "base"] < RANK[layer_of(module) or "base"]
     ]
     assert upward == [], upward
 
 
-def test_daemon_access_imports_only_base_and_itself() -> None:
-    modules = daemon_access_files()
-    assert len(modules) > 1, modules
-    upward = [
-        f"{module} imports {name}"
-        for module, path in modules.items()
-        for name, _ in imports_of(module, path)
-        if of_the_client(name) and not (in_base(name) or in_daemon_access(name))
-    ]
-    assert upward == [], upward
+def test_no_circle_of_imports_in_the_client() -> None:
+    modules = client_modules()
+    edges = {m: sorted({n for n, _ in imports_of(m) if n in modules and n != m}) for m in modules}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for name in edges[module]:
+            if state.get(name) == 1:
+                circles.append([*path[path.index(name) :], name])
+            elif name not in state:
+                walk(name)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(modules):
+        if module not in state:
+            walk(module)
+    assert circles == [], [" -> ".join(circle) for circle in circles]
 
 
-def test_the_mix_package_imports_only_base_and_itself() -> None:
-    modules = mix_files()
-    assert len(modules) > 1, modules
-    upward = [
-        f"{module} imports {name}"
-        for module, path in modules.items()
-        for name, _ in imports_of(module, path)
-        if of_the_client(name)
-        and not (in_base(name) or name == "shardcache.mix" or name.startswith("shardcache.mix."))
-    ]
-    assert upward == [], upward
-
-
-def test_no_import_inside_a_function_but_optional_packages() -> None:
-    """An import inside a function hides a dependency (or a cycle) and runs lazily in forked workers."""
-    modules = {**files_of(BASE), **daemon_access_files(), **mix_files()}
+def test_no_import_inside_a_function_but_of_optional_packages() -> None:
+    """An import inside a function hides a dependency (or a circle), and runs lazily in forked DataLoader
+    workers, where a lazy import can deadlock (`shardcache.forksafe`)."""
     lazy = [
         f"{module} imports {name} inside a function"
-        for module, path in sorted(modules.items())
-        for name, inside in imports_of(module, path)
-        if inside and name.split(".")[0] not in OPTIONAL
+        for module in client_modules()
+        for name, inside in imports_of(module)
+        if inside
+        and name.split(".")[0] not in OPTIONAL
+        and not (name in client_modules() and needs_an_optional_package(name))
     ]
     assert lazy == [], lazy
+
+
+def test_the_optional_client_modules_are_the_lance_writers() -> None:
+    """Client modules that import an optional package at import time: each is imported lazily by its
+    users. A new one here means `import shardcache` may have started to need an extra."""
+    optional = sorted(name for name in client_modules() if needs_an_optional_package(name))
+    assert optional == [
+        "shardcache.snapshots.build",
+        "shardcache.snapshots.writer",
+        "shardcache.sources.lance_codec",
+    ]
 
 
 LOAD = """
@@ -172,16 +214,23 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
-def test_loading_daemon_access_and_base_loads_no_pipeline_module_and_no_torch() -> None:
-    modules = sorted([*BASE, *daemon_access_files()])
-    code = LOAD.format(package=str(PACKAGE), modules=modules)
+@pytest.mark.parametrize("layer", ["base", "daemon access", "nodes", "pipeline"])
+def test_loading_a_layer_loads_nothing_above_it_and_no_torch(layer: str) -> None:
+    at_or_below = [
+        name
+        for name in client_modules()
+        if name != "shardcache"
+        and RANK[layer_of(name) or "base"] >= RANK[layer]
+        and not needs_an_optional_package(name)
+    ]
+    code = LOAD.format(package=str(PACKAGE), modules=sorted(at_or_below))
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     loaded = set(json.loads(out))
-    assert DAEMON_ACCESS + ".daemon_client" in loaded
+    assert set(at_or_below) <= loaded
     above = sorted(
         name
         for name in loaded
-        if name != "shardcache" and of_the_client(name) and not (in_base(name) or in_daemon_access(name))
+        if name != "shardcache" and of_the_client(name) and RANK[layer_of(name) or "base"] < RANK[layer]
     )
-    assert above == [], f"the lower layers load modules above them: {above}"
-    assert sorted(loaded & NEVER) == []
+    assert above == [], f"the {layer} layer loads modules above it: {above}"
+    assert sorted(name for name in loaded if name.split(".")[0] in {"torch", "lance"}) == []

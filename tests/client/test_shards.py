@@ -12,7 +12,8 @@ import pytest
 
 from shardcache import Dataset
 from shardcache.errors import ConfigError
-from shardcache.shards import ShardRef, expand_shards, write_manifest
+from shardcache.shards import ShardRef, expand_shards
+from shardcache.sources.manifests import write_manifest
 from tests.client.pipeline_support import keys, make_tars
 
 

@@ -37,6 +37,9 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
+# torch's worker loop seeds numpy.random: imported here, in the trainer, never first in a forked worker.
+import numpy.random  # noqa: F401
+
 from shardcache.dataset import Dataset
 from shardcache.errors import StateError
 from shardcache.loader.watchdog import register_worker
@@ -76,7 +79,6 @@ ORDER_FILE = "order.pickle"
 def torch_data() -> Any:
     """torch.utils.data, imported in the trainer's thread before any worker forks (`shardcache.forksafe`)."""
     try:
-        import numpy.random  # noqa: F401  (torch's worker loop seeds it: not imported in a forked worker)
         import torch.utils.data as data
     except ImportError as exc:
         raise ImportError(

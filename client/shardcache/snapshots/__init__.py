@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
-from shardcache.snapshots import build, cli, writer
-from shardcache.snapshots.build import CacheOptions
+from shardcache.snapshots import cli
 from shardcache.snapshots.identity import validate_pre_cache
 from shardcache.snapshots.store import CacheEntry, cache_ls, cache_rm
+
+if TYPE_CHECKING:
+    from shardcache.snapshots.build import CacheOptions
 
 
 @contextlib.contextmanager
@@ -50,12 +52,17 @@ def materialise(
     See `shardcache.snapshots.build.materialise`.
     """
     with _needs_lance_extra():
+        # `build` and `writer` import pyarrow, an optional package (the lance extra): loaded on first use.
+        from shardcache.snapshots import build
+
         return build.materialise(pre, context, options, build_nodes)
 
 
 def read_rows(uri: str) -> Any:
     """Every sample of a cache dataset, decoded, in order (see `shardcache.snapshots.writer.read_rows`)."""
     with _needs_lance_extra():
+        from shardcache.snapshots import writer
+
         return writer.read_rows(uri)
 
 

@@ -43,7 +43,7 @@ from shardcache.snapshots.store import (
     resolve_cache_root,
     write_json_atomic,
 )
-from shardcache.snapshots.writer import _lance, write_rows
+from shardcache.snapshots.writer import _lance, read_rows, write_rows
 from shardcache.sources.lance_codec import RowEncoder
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,6 @@ def _merge(entry: EntryPaths, slots: int, opts: CacheOptions, fingerprint: str) 
         reader = pa.RecordBatchReader.from_batches(schemas[0], batches())
         lance.write_dataset(reader, target, mode="create", max_rows_per_file=opts.max_rows_per_fragment)
     else:  # parts chose different layouts for a field: re-encode into the union of their layouts
-        from shardcache.snapshots.writer import read_rows
 
         def rows() -> Iterator[dict[str, Any]]:
             for part, count in zip(parts, counts, strict=True):

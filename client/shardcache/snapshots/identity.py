@@ -15,7 +15,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import fsspec
+
 from shardcache.errors import CacheError, ConfigError
+from shardcache.shards import has_protocol, local_path
 from shardcache.snapshots.fingerprint import Fingerprinter, check_stable_callable
 
 logger = logging.getLogger(__name__)
@@ -112,8 +115,6 @@ def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
     Raises:
         CacheError: A shard's version cannot be read (names the URL).
     """
-    from shardcache.shards import has_protocol, local_path
-
     versions: dict[str, tuple[Any, ...]] = {}
     remote: dict[str, list[str]] = defaultdict(list)
     for url in urls:
@@ -132,8 +133,6 @@ def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
 
 
 def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]:
-    import fsspec
-
     try:
         fs, parent_path = fsspec.core.url_to_fs(parent)
         # One listing answers for every shard of a directory; fall back to one info() per shard. The

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardcache.errors import ConfigError
 from shardcache.sources.lance_codec import LayoutChange, RowEncoder, decode_batches
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,6 @@ def _lance() -> Any:
     try:
         import lance
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        from shardcache.errors import ConfigError
-
         raise ConfigError("Dataset.cache() needs Lance: pip install 'shardcache[lance]'") from exc
     return lance
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources import jsonl, lance, parquet, tars
-from shardcache.sources.base import SourceNode, SourceSpec, Unit, check_on_error
-from shardcache.sources.partition import check_partition_options
+from shardcache.sources.base import SourceNode, SourceSpec, check_on_error
+from shardcache.sources.partition import Unit, check_partition_options
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
 from shardcache.sources.subset import check_subset
 

@@ -33,7 +33,7 @@ from shardcache.formatting import callable_name
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import DaemonSetting, ShardOpener
-from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch, resolve, weights_of
+from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
 from shardcache.sources.pieces import needs_counts, remaining_pieces
 from shardcache.sources.schedule import (
     PLAN_OPTIONS,
@@ -111,16 +111,6 @@ class SourceSpec:
         options = ",".join(f"{k}={show(self.options[k])}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One schedulable piece of a source: a shard, or part of one."""
-
-    ref: ShardRef
-    part: int = 0
-    offset: int = 0
-    count: int | None = None
 
 
 class SourceNode(Node):

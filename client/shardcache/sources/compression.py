@@ -17,6 +17,7 @@ Corrupt or truncated compressed data raises `CorruptShardError`, so `on_corrupt=
 from __future__ import annotations
 
 import gzip
+import io
 import logging
 import zlib
 from collections.abc import Iterator
@@ -176,8 +177,6 @@ def decompress_all(data: bytes, url: str) -> bytes:
             return gzip.decompress(data)
         except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
             raise CorruptShardError(url, f"invalid or truncated gzip data ({exc})") from exc
-    import io
-
     return _ZstdFrames(CountingReader(io.BytesIO(data)), url).read()
 
 

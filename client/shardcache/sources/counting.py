@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from shardcache.context import in_main_process, torch_distributed
-from shardcache.sources.partition import PLACEMENT_SEED, owners
-
-if TYPE_CHECKING:
-    from shardcache.sources.base import SourceNode, Unit
+from shardcache.context import RuntimeContext, in_main_process, torch_distributed
+from shardcache.sources.partition import PLACEMENT_SEED, Partitioning, Unit, owners
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +54,28 @@ class RunFacts:
             self.is_distributed = dist is not None and int(dist.get_world_size()) > 1
 
 
+class Countable(Protocol):
+    """What counting needs of a source node (`shardcache.sources.base.SourceNode` is one)."""
+
+    @property
+    def facts(self) -> RunFacts: ...
+
+    @property
+    def ctx(self) -> RuntimeContext: ...
+
+    @property
+    def partitioning(self) -> Partitioning: ...
+
+    def weights(self, units: list[Unit]) -> tuple[float, ...]: ...
+
+    def count(self, unit: Unit) -> int: ...
+
+
 def unit_key(unit: Unit) -> str:
     return unit.ref.url if unit.part == 0 else f"{unit.ref.url}#{unit.part}"
 
 
-def unit_counts(node: SourceNode, units: list[Unit]) -> list[int]:
+def unit_counts(node: Countable, units: list[Unit]) -> list[int]:
     """Every unit's sample count: from metadata, from earlier counting, else by counting now."""
     counts = node.facts.counts
     missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
@@ -70,7 +84,7 @@ def unit_counts(node: SourceNode, units: list[Unit]) -> list[int]:
     return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
 
 
-def _count(node: SourceNode, units: list[Unit], missing: list[int]) -> None:
+def _count(node: Countable, units: list[Unit], missing: list[int]) -> None:
     ctx = node.ctx
     dist = torch_distributed() if in_main_process() else None
     if dist is not None and int(dist.get_world_size()) > 1:

@@ -20,10 +20,10 @@ from typing import Any
 from shardcache import envvars
 from shardcache.errors import ConfigError, ShardError
 from shardcache.shards import ShardRef, has_protocol
-from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.opener import ShardOpener
-from shardcache.sources.partition import permutation
+from shardcache.sources.partition import Unit, permutation
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
 TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
-from shardcache.sources.partition import permutation
+from shardcache.sources.base import SourceNode, check_columns_and_batch_size
+from shardcache.sources.partition import Unit, permutation
 from shardcache.sources.schedule import slot_order
 from shardcache.sources.subset import select_rows
 

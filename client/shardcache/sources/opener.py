@@ -5,24 +5,21 @@ from __future__ import annotations
 import contextlib
 import mmap
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, BinaryIO, Literal, TypeAlias
+from typing import IO, BinaryIO, Literal, TypeAlias
 
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.direct import open_direct
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
 
-if TYPE_CHECKING:
-    from shardcache.daemon_access.daemon_client import DaemonClient
-
 # "auto": the node daemon, direct reads when none answers; "required": the daemon or an error; None: direct
 # reads; any other string: the daemon's socket path; or a DaemonClient.
-DaemonSetting: TypeAlias = "Literal['auto', 'required'] | str | DaemonClient | None"
+DaemonSetting: TypeAlias = Literal["auto", "required"] | str | DaemonClient | None
 _NAMED = ("auto", "required")
 
 
 def check_daemon_setting(daemon: DaemonSetting) -> None:
     """Refuse a `daemon=` argument that is none of the accepted forms."""
-    from shardcache.daemon_access.daemon_client import DaemonClient
-
     if daemon is None or isinstance(daemon, DaemonClient) or isinstance(daemon, str):
         return
     raise ConfigError(
@@ -32,8 +29,6 @@ def check_daemon_setting(daemon: DaemonSetting) -> None:
 
 def make_client(daemon: DaemonSetting) -> DaemonClient | None:
     """The DaemonClient a setting names (None: read shards directly)."""
-    from shardcache.daemon_access.daemon_client import DaemonClient
-
     if daemon is None:
         return None
     if isinstance(daemon, DaemonClient):
@@ -58,8 +53,6 @@ class ShardOpener:
     def open(self, ref: ShardRef, plan: str | None = None) -> Iterator[BinaryIO]:
         """Open one shard (a real file with fileno() on the daemon's path handoff or a local read)."""
         if self.client is None:
-            from shardcache.daemon_access.direct import open_direct
-
             with open_direct(ref.url) as f:
                 yield f
             return

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, Unit, check_columns_and_batch_size
+from shardcache.sources.base import SourceNode, check_columns_and_batch_size
+from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
 
 logger = logging.getLogger(__name__)

@@ -41,12 +41,23 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
+from shardcache.shards import ShardRef
 
 PLACEMENTS = ("global", "node")
 EVEN_MODES = ("drop", "pad")
 # Node shares do not depend on the job's seed: a mix's later passes reshuffle with derived seeds, jobs with
 # other seeds over the same shards share the nodes' caches, and only the order within a node is seeded.
 PLACEMENT_SEED = 0
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One schedulable piece of a source: a shard, or part of one (`count`: its samples, when known)."""
+
+    ref: ShardRef
+    part: int = 0
+    offset: int = 0
+    count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,40 @@ becomes the pieces the new layout plans. Pure arithmetic over pieces and plans; 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import UnsupportedResume
-from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.stages import Node
 from shardcache.stages.shuffle import ShuffleStage
 
-if TYPE_CHECKING:
-    from shardcache.sources.base import SourceNode, Unit
+
+class _Described(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, Any]: ...
+
+    @property
+    def shuffles_units(self) -> bool: ...
+
+
+class Replaying(Protocol):
+    """What replaying an origin needs of the source node that resumes (`SourceNode` is one)."""
+
+    @property
+    def partitionable(self) -> bool: ...
+
+    @property
+    def spec(self) -> _Described: ...
+
+    @property
+    def ctx(self) -> RuntimeContext: ...
+
+    def weights(self, units: list[Unit]) -> tuple[float, ...]: ...
 
 
 def needs_counts(origin: dict[str, Any] | None) -> bool:
@@ -38,7 +62,7 @@ def needs_counts(origin: dict[str, Any] | None) -> bool:
 
 
 def remaining_pieces(
-    node: SourceNode, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
+    node: Replaying, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
 ) -> list[Piece]:
     """What the epoch described by `origin` had left, as pieces of `units` (see `resume.elastic`)."""
     whole = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
@@ -104,7 +128,7 @@ def _sized(piece: Piece, counts: list[int] | None) -> Piece:
 
 
 def _shuffle_node(
-    node: SourceNode, params: list[Any], origin: dict[str, Any], ranks: int, workers: int, slot: int
+    node: Replaying, params: list[Any], origin: dict[str, Any], ranks: int, workers: int, slot: int
 ) -> Any:
     """An old reader's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
     buffer_size, initial, seed = params
@@ -139,7 +163,7 @@ def _not_emitted(pieces: list[Piece], taken: int, buffered: list[int]) -> list[P
 
 
 def _loader_left(
-    node: SourceNode, origin: dict[str, Any], layout: Layout, plan: list[list[Piece]]
+    node: Replaying, origin: dict[str, Any], layout: Layout, plan: list[list[Piece]]
 ) -> list[Piece]:
     """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
 

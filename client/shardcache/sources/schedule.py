@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardcache.context import RuntimeContext
+from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
+from shardcache.jobs import default_job
 from shardcache.sources.partition import permutation
-
-if TYPE_CHECKING:
-    from shardcache.daemon_access.daemon_client import DaemonClient
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +118,6 @@ def slot_order(
 
 def job_id(urls: Sequence[str], seed: int) -> str:
     """The daemon job id of a dataset: the same on every rank and worker (see `shardcache.jobs`)."""
-    from shardcache.jobs import default_job
-
     return default_job(urls, seed)
 
 

@@ -16,9 +16,10 @@ from typing import IO, Any
 from shardcache import envvars
 from shardcache.errors import ConfigError
 from shardcache.shards import ShardRef
-from shardcache.sources.base import SourceNode, Unit
+from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.counting import unit_key
+from shardcache.sources.partition import Unit
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
 logger = logging.getLogger(__name__)
