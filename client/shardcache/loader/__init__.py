@@ -1,7 +1,7 @@
 """The `TorchLoader` facade: a torch DataLoader over a Dataset's slots (`torch_loader`), the resumable merge
-of its workers (`stream`), the plain-iterable path (`plain`) and the stall watchdog (`watchdog`).
-
-Its resume states (identity, checks, the workers' start states) are `shardcache.resume.loader`.
+of its workers (`stream`), its resume states (`resume`: identity, checks, the workers' start states, on the
+envelope and version of `shardcache.resume`), the plain-iterable path (`plain`) and the stall watchdog
+(`watchdog`).
 """
 
 from __future__ import annotations

@@ -331,6 +331,16 @@ class MergeNode(Node):
         """
         return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
 
+    @staticmethod
+    def worker_states(state: State) -> dict[int, State]:
+        """Each worker's pipeline state in a merge state, by worker id (workers not started are absent)."""
+        return {int(w): s for w, s in field(state, "workers", dict).items()}
+
+    @staticmethod
+    def exhausted_workers(state: State) -> set[int]:
+        """The workers whose streams had ended when a merge state was taken."""
+        return {int(w) for w in field(state, "exhausted", list)}
+
     def state_dict(self) -> State:
         return {
             "workers": {str(w): s for w, s in sorted(self.states.items())},

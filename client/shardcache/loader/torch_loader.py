@@ -2,7 +2,7 @@
 
 Recommended pattern: workers emit micro-batches (`batch_size=32, collate_fn=lambda x: x`), then `.unbatch()`,
 a loader-side `.shuffle(...)` that mixes samples across workers, optional `.assemble(...)`, and `.batch(...)`.
-Resume states (identity, checks, the workers' start states) are `shardcache.resume.loader`.
+Resume states (identity, checks, the workers' start states) are `shardcache.loader.resume`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
 from shardcache.loader.plain import PlainNode, PlainStream
+from shardcache.loader.resume import LoaderShape, check_loaded, header, resume_start
 from shardcache.loader.stream import (
     EpochOrder,
     MergeNode,
@@ -29,7 +30,6 @@ from shardcache.loader.stream import (
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.pipeline.iteration import close_all, close_telemetry, source_job
-from shardcache.resume.loader import LoaderShape, check_loaded, header, resume_start
 from shardcache.resume.state import LiveState
 from shardcache.stages import Node, Stage, builders
 
@@ -234,7 +234,7 @@ class TorchLoader:
         return self.dataset
 
     def _shape(self) -> LoaderShape:
-        """What this loader's states identify it by (`shardcache.resume.loader`)."""
+        """What this loader's states identify it by (`shardcache.loader.resume`)."""
         return LoaderShape(
             self._pipeline().spec,
             self.num_workers,

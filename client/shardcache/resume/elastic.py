@@ -40,10 +40,11 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
+from shardcache.sources.base import unit_position
 from shardcache.sources.partition import Layout
 from shardcache.sources.pieces import needs_counts as needs_counts
-from shardcache.stages import Stage
-from shardcache.stages.shuffle import ShuffleStage
+from shardcache.stages import Node, Stage
+from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
 # Stages whose state is just their upstream's position (nothing held back).
 POSITION_STAGES = ("map", "select", "batch")
@@ -128,7 +129,8 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
     progress: dict[str, Any] = {}
     for stage in reversed(stages):
         if stage.kind == "shuffle" and not progress:
-            progress = {"taken": state["taken"], "emitted": state["emitted"]}
+            taken, emitted = ShuffleNode.progress(state)
+            progress = {"taken": taken, "emitted": emitted}
         elif stage.kind not in (POSITION_STAGES if not progress else ONE_TO_ONE_STAGES):
             below = " below a shuffle" if progress else ""
             raise UnsupportedResume(
@@ -137,8 +139,8 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
                 f"rank's own state, or keep only {', '.join(POSITION_STAGES)} stages and one shuffle "
                 "(with only map and select before it) after the source"
             )
-        state = state["up"]
-    if "pos" not in state:
+        state = Node.state_below(state)
+    if unit_position(state) is None:
         raise UnsupportedResume("an elastic resume needs a pipeline over one shard source (not a mix)")
     return {**state, **progress}
 
@@ -169,9 +171,11 @@ def origin_of(
 
 
 def _progress(state: dict[str, Any]) -> list[int] | dict[str, int]:
-    if "taken" in state:
+    if "taken" in state:  # a shuffle's progress, as `source_position` adds it
         return {"taken": state["taken"], "emitted": state["emitted"]}
-    return [state["pos"], state["index"]]
+    position = unit_position(state)
+    assert position is not None, "source_position checked it"
+    return list(position)
 
 
 def dataset_origin(spec: PipelineSpec, merged: dict[str, Any]) -> dict[str, Any]:

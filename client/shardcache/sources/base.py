@@ -380,6 +380,14 @@ class SourceNode(Node):
         self.origin = origin
 
 
+def unit_position(state: State) -> tuple[int, int] | None:
+    """(pos, index) of a unit source's state: the piece of the epoch's plan it reads and the sample within
+    it; None for a state of something else (a mix's, a lance source's)."""
+    if not isinstance(state, dict) or "pos" not in state:
+        return None
+    return int(state["pos"]), int(state["index"])
+
+
 def source_below(node: Node) -> SourceNode | None:
     """The source node at the bottom of a stage chain (None for a composed root such as a mix, whose
     sources come and go)."""

@@ -59,6 +59,16 @@ class Node(Generic[T]):
         if self._it is not None:
             raise StateError("load_state_dict must be called before iteration starts; build a new iterator")
 
+    @staticmethod
+    def state_below(state: State) -> State:
+        """The state of the node a stage reads from, as the stage's own state holds it (under "up").
+
+        How code outside a node walks a chain of states: through this and each node's own readers
+        (`ShuffleNode.progress`, `sources.base.unit_position`), never by the keys themselves.
+        """
+        below: State = _field(state, "up", dict)
+        return below
+
     def close(self) -> None:
         """Release resources (open shards, daemon plans)."""
         if self._it is not None and hasattr(self._it, "close"):

@@ -51,6 +51,12 @@ class ShuffleStage:
 
 
 class ShuffleNode(Node):
+    @staticmethod
+    def progress(state: State) -> tuple[int, int]:
+        """(taken, emitted) of a shuffle's state: inputs taken from upstream and outputs emitted so far
+        (which inputs are still buffered is replayed from these, `buffered_inputs`)."""
+        return int(field(state, "taken", int)), int(field(state, "emitted", int))
+
     def __init__(self, up: Node, buffer_size: int, initial: int | None, rng_seed: str) -> None:
         super().__init__()
         self.up = up

@@ -18,6 +18,7 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.formatting import callable_name
+from shardcache.loader.stream import MergeNode
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.elastic import (
     ONE_TO_ONE_STAGES,
@@ -29,8 +30,8 @@ from shardcache.resume.elastic import (
     source_position,
 )
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
-from shardcache.stages import Stage
-from shardcache.stages.shuffle import ShuffleStage
+from shardcache.stages import Node, Stage
+from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
 
 @dataclass(frozen=True)
@@ -169,12 +170,13 @@ def _from_merged(
                         "topology with each rank's own state, or keep map, batch and one shuffle (after "
                         "an unbatch) on the loader"
                     )
-                merge = merge["up"]
+                merge = Node.state_below(merge)
             streams = max(1, int(state["num_workers"]))
-            done = set(merge.get("exhausted", ()))
+            done = MergeNode.exhausted_workers(merge)
+            workers = MergeNode.worker_states(merge)
             for w in range(streams):
                 slot = int(state["dp_rank"]) * streams + w
-                worker = merge["workers"].get(str(w))
+                worker = workers.get(w)
                 stages = shape.dataset.stages
                 position = None if worker is None else source_position(stages, worker["pipeline"])
                 entries.append((slot, position, w in done))
@@ -215,8 +217,8 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[s
     for state in merged["states"]:
         node = state["pipeline"]
         for _ in stages[at + 1 :]:  # map and batch after the shuffle: their state is the shuffle's
-            node = node["up"]
-        ranks[str(int(state["dp_rank"]))] = [int(node["taken"]), int(node["emitted"])]
+            node = Node.state_below(node)
+        ranks[str(int(state["dp_rank"]))] = list(ShuffleNode.progress(node))
     return {
         "epoch": int(merged["epoch"]),
         "layout": {
