@@ -66,4 +66,6 @@ def cut_at_cache(
     cache = stages[last]
     assert isinstance(cache, CacheStage)
     path = materialise(Dataset(source, stages[:last]), ctx, dict(cache.options))
-    return SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None), stages[last + 1 :]
+    # row_metadata=False: the cached rows keep the metadata of the samples written (see sources.lance_rows).
+    options = {"shuffle_mode": "none", "row_metadata": False}
+    return SourceSpec("lance", (ShardRef(path),), options, None, None), stages[last + 1 :]

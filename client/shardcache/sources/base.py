@@ -89,9 +89,13 @@ class SourceSpec:
 
     def describe(self) -> str:
         """A stable description (no object ids) used for state and cache fingerprints."""
+        from shardcache.sources.lance_order import shown as lance_shown
         from shardcache.stages.map import callable_name
 
-        def show(value: Any) -> str:
+        def show(value: Any, name: str = "") -> str:
+            canonical = lance_shown(name, value) if self.kind == "lance" else None
+            if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
+                return canonical
             if callable(value):
                 return callable_name(value)
             if isinstance(value, (list, tuple)):
@@ -107,7 +111,7 @@ class SourceSpec:
             and k != "storage_options"
             and not order_neutral(self.kind, k, self.options[k])
         )
-        options = ",".join(f"{k}={show(self.options[k])}" for k in shown)
+        options = ",".join(f"{k}={show(self.options[k], k)}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
 
