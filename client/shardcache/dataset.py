@@ -381,3 +381,22 @@ class Dataset:
         from shardcache.cache.snapshot import snapshot
 
         return snapshot(self, fingerprint_provider, **options)
+
+    def resolve_ref(
+        self,
+        ref_names: str | Sequence[str],
+        *,
+        resolve_batch_size: int = 1024,
+        context: RuntimeContext | None = None,
+        index: Mapping[str, Any] | None = None,
+    ) -> Dataset:
+        """Replace the lance `ref_columns` named by their referenced values (`shardcache.sources.lance_refs`).
+
+        `context` is accepted for mvp-dataset's signature; the stage reads with the pipeline's context.
+        """
+        from typing import cast
+
+        from shardcache.sources.lance_refs import resolve_ref_stage
+
+        del context
+        return self._add(cast(Stage, resolve_ref_stage(self._source, ref_names, resolve_batch_size, index)))

@@ -312,3 +312,121 @@ def test_cache_read_back_keeps_the_written_metadata(one: str, tmp_path: Path) ->
     source = Dataset.from_source("lance", one).filter("v >= 20")
     cached = source.cache(str(tmp_path / "cache"))
     assert list(cached) == list(source)
+
+
+# -- ref_columns and resolve_ref ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def refs(tmp_path: Path) -> dict[str, Any]:
+    """Main rows v=0..9 with `img` = key "k<v % 4>" (row 9: a key with no reference row) and `imgs` lists."""
+    images = [f"k{v % 4}" if v != 9 else "absent" for v in range(10)]
+    pairs = [[f"k{v % 4}", f"k{(v + 1) % 4}"] for v in range(10)]
+    main = write(tmp_path / "main.lance", list(range(10)), per_file=4, img=images, imgs=pairs)
+    lance.write_dataset(pa.table({"key": ["k0", "k1"], "val": [b"zero", b"one"]}), str(tmp_path / "r1.lance"))
+    lance.write_dataset(
+        pa.table({"key": ["k2", "k3", "k0"], "val": [b"two", b"three", b"dup"]}), str(tmp_path / "r2.lance")
+    )
+    uris = [str(tmp_path / "r1.lance"), str(tmp_path / "r2.lance")]
+    config = {"uri": uris, "key_column": "key", "value_column": "val"}
+    return {"main": main, "uris": uris, "ref_columns": {"img": config, "imgs": config}}
+
+
+NAMES = {0: b"zero", 1: b"one", 2: b"two", 3: b"three"}
+
+
+def with_refs(refs: dict[str, Any], **options: Any) -> Dataset:
+    return Dataset.from_source("lance", refs["main"], ref_columns=refs["ref_columns"], **options)
+
+
+def test_resolve_ref_replaces_keys_by_the_referenced_values(refs: dict[str, Any]) -> None:
+    rows = list(with_refs(refs).resolve_ref(["img"], resolve_batch_size=3))
+    assert [s["img"] for s in rows] == [NAMES[v % 4] for v in range(9)] + [None]  # k0: the first row wins
+    assert rows[0]["imgs"] == ["k0", "k1"]  # not asked for: left as it is
+
+
+def test_resolve_ref_resolves_lists_of_keys(refs: dict[str, Any]) -> None:
+    rows = list(with_refs(refs).resolve_ref("imgs"))
+    assert [s["imgs"] for s in rows] == [[NAMES[v % 4], NAMES[(v + 1) % 4]] for v in range(10)]
+
+
+def test_resolve_ref_resolves_batched_samples(refs: dict[str, Any]) -> None:
+    batches = list(with_refs(refs).batch(4).resolve_ref(["img"], resolve_batch_size=2))
+    assert [s["img"] for batch in batches for s in batch] == [NAMES[v % 4] for v in range(9)] + [None]
+
+
+def test_resolve_ref_after_a_filter_under_chunk_shuffle(refs: dict[str, Any]) -> None:
+    ds = with_refs(refs, shuffle_mode="chunk", chunk_shuffle=CHUNK, read_batch_size=2)
+    rows = list(ds.filter("v IN (1, 4, 7)").resolve_ref(["img", "imgs"], resolve_batch_size=2))
+    assert sorted((s["__global_index__"], s["img"]) for s in rows) == [
+        (1, b"one"),
+        (4, b"zero"),
+        (7, b"three"),
+    ]
+
+
+def test_resolve_ref_reads_the_references_as_they_were_when_called(refs: dict[str, Any]) -> None:
+    ds = with_refs(refs).resolve_ref(["img"])
+    lance.write_dataset(pa.table({"key": ["k1"], "val": [b"new"]}), refs["uris"][0], mode="overwrite")
+    assert [s["img"] for s in ds][:2] == [b"zero", b"one"]
+
+
+def test_resolve_ref_resumes_exactly(refs: dict[str, Any]) -> None:
+    def make() -> Dataset:
+        return with_refs(refs, shuffle_mode="global", batch_size=3).resolve_ref(["img"], resolve_batch_size=4)
+
+    assert_resumes(make, [0, 1, 3, 4, 5, 9], RuntimeContext(seed=2))
+
+
+def test_ref_columns_stay_out_of_the_source_fingerprint(refs: dict[str, Any]) -> None:
+    plain = Dataset.from_source("lance", refs["main"])
+    assert with_refs(refs).fingerprint() == plain.fingerprint()
+    assert with_refs(refs).resolve_ref("img").fingerprint() != plain.fingerprint()
+    assert (
+        with_refs(refs).resolve_ref("img").fingerprint() != with_refs(refs).resolve_ref("imgs").fingerprint()
+    )
+
+
+def test_resolve_ref_of_an_unconfigured_column_is_refused(refs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"'label' not in the lance source's ref_columns"):
+        with_refs(refs).resolve_ref(["img", "label"])
+    with pytest.raises(ConfigError, match="configured: none"):
+        Dataset.from_source("lance", refs["main"]).resolve_ref("img")
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (["img"], "expected a dict"),
+        ({"img": {"uri": "x.lance", "key_column": "key"}}, "missing \\['value_column'\\]"),
+        ({"img": {"uri": [], "key_column": "k", "value_column": "v"}}, "uri=\\[\\]"),
+        (
+            {"img": {"uri": "x", "key_column": "k", "value_column": "v", "scope": "a"}},
+            "unknown \\['scope'\\]",
+        ),
+    ],
+)
+def test_bad_ref_columns_are_refused(refs: dict[str, Any], bad: object, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Dataset.from_source("lance", refs["main"], ref_columns=bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"resolve_batch_size": 0}, "resolve_batch_size=0"),
+        ({"index": {"scope": "shared"}}, "unknown config key.*scope"),
+        ({"index": {"build_strategy": "sorted"}}, "build_strategy='sorted'"),
+        ({"index": {"bucket_count": 0}}, "bucket_count=0"),
+    ],
+)
+def test_bad_resolve_ref_arguments_are_refused(
+    refs: dict[str, Any], kwargs: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        with_refs(refs).resolve_ref("img", **kwargs)
+
+
+def test_resolve_ref_accepts_mvps_index_settings(refs: dict[str, Any]) -> None:
+    ds = with_refs(refs).resolve_ref("img", index={"build_strategy": "bucketed", "bucket_count": 2})
+    assert [s["img"] for s in ds][:4] == [b"zero", b"one", b"two", b"three"]

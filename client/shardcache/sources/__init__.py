@@ -52,6 +52,7 @@ _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
             "chunk_shuffle",
             "filter",
             "storage_options",
+            "ref_columns",
         ),
         None,
     ),

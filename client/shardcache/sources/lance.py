@@ -39,6 +39,7 @@ from shardcache.sources.lance_order import (
     check_read_batch_size,
     row_sequence,
 )
+from shardcache.sources.lance_refs import parse_ref_columns
 from shardcache.sources.lance_rows import LanceRows, positions
 from shardcache.sources.schedule import slot_order
 from shardcache.subsets import select_rows
@@ -57,6 +58,7 @@ def check_options(options: dict[str, Any]) -> None:
     if "filter" in options:
         check_filter(options["filter"])
     check_storage_options(options.get("storage_options"))
+    parse_ref_columns(options.get("ref_columns"))  # resolved by Dataset.resolve_ref (sources.lance_refs)
 
 
 def check_storage_options(value: Any) -> None:
