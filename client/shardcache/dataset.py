@@ -32,6 +32,7 @@ from shardcache.sources.counting import RunFacts
 from shardcache.sources.lance import check_daemon
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.stages import Node, Stage, builders
+from shardcache.stages.resolve_ref import resolve_ref_stage
 
 
 def _register_with_torch() -> None:
@@ -339,6 +340,21 @@ class Dataset:
     def snapshot(self, fingerprint_provider: FingerprintProvider | None = None, **options: Any) -> Dataset:
         """`.cache()` under mvp-dataset's name, optionally named by `fingerprint_provider()`."""
         return self._derive(snapshot(self._spec, fingerprint_provider, **options))
+
+    def resolve_ref(
+        self,
+        ref_names: str | Sequence[str],
+        *,
+        resolve_batch_size: int = 1024,
+        context: RuntimeContext | None = None,
+        index: Mapping[str, Any] | None = None,
+    ) -> Dataset:
+        """Replace the lance `ref_columns` named by their referenced values (`stages.resolve_ref`).
+
+        `context` is accepted for mvp-dataset's signature; the stage reads with the pipeline's context.
+        """
+        del context
+        return self._add(resolve_ref_stage(self.source, ref_names, resolve_batch_size, index))
 
 
 def _specs_of(datasets: Any) -> Any:

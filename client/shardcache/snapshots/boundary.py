@@ -61,5 +61,7 @@ def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuild
     cache = spec.stages[last]
     assert isinstance(cache, CacheStage)
     path = materialise(spec.with_stages(spec.stages[:last]), ctx, dict(cache.options), build_nodes)
-    lance = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None)
+    # row_metadata=False: the cached rows keep the metadata of the samples written (see sources.lance_rows).
+    options = {"shuffle_mode": "none", "row_metadata": False}
+    lance = SourceSpec("lance", (ShardRef(path),), options, None, None)
     return PipelineSpec(lance, spec.stages[last + 1 :])

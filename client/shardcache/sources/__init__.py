@@ -45,7 +45,17 @@ _KINDS: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
     "lance": (
         "lance",
         "LanceSource",
-        ("resample", "columns", "batch_size", "shuffle_mode", "filter", "storage_options"),
+        (
+            "resample",
+            "columns",
+            "batch_size",
+            "read_batch_size",
+            "shuffle_mode",
+            "chunk_shuffle",
+            "filter",
+            "storage_options",
+            "ref_columns",
+        ),
         None,
     ),
 }

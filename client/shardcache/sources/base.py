@@ -32,6 +32,7 @@ from shardcache.errors import (
 from shardcache.formatting import callable_name
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
+from shardcache.sources.lance_order import shown as lance_shown
 from shardcache.sources.opener import DaemonSetting, ShardOpener
 from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
 from shardcache.sources.pieces import needs_counts, remaining_pieces
@@ -92,7 +93,10 @@ class SourceSpec:
     def describe(self) -> str:
         """A stable description (no object ids) used for state and cache fingerprints."""
 
-        def show(value: Any) -> str:
+        def show(value: Any, name: str = "") -> str:
+            canonical = lance_shown(name, value) if self.kind == "lance" else None
+            if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
+                return canonical
             if callable(value):
                 return callable_name(value)
             if isinstance(value, (list, tuple)):
@@ -108,7 +112,7 @@ class SourceSpec:
             and k != "storage_options"
             and not order_neutral(self.kind, k, self.options[k])
         )
-        options = ",".join(f"{k}={show(self.options[k])}" for k in shown)
+        options = ",".join(f"{k}={show(self.options[k], k)}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
 

@@ -3,6 +3,8 @@
 shuffle_mode:
 - "none": each slot reads a contiguous range of rows in order (the mode `.cache()` reads back with).
 - "global": an exact permutation of all rows from (seed, epoch); slot s reads positions s, s+T, ... (take).
+- "chunk": mvp-dataset's bounded-window shuffle (`chunk_shuffle=`, see `sources.lance_order`); slots are
+  dealt positions of that order as under "global".
 - "random_scan": fragments are dealt to slots and scanned out of order (approximate shuffle, higher
   throughput); falls back to "global" when there are fewer fragments than slots. Its order inside a fragment
   is not deterministic, so a resume state restores the fragment and the count read, not the exact rows.
@@ -15,25 +17,38 @@ Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.sources.subset`) a
 fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
+
+Every sample carries `__file__`, `__local_index__`, `__global_index__` and `__key__` (`sources.lance_rows`).
+`read_batch_size` is the rows per Lance read call (default: `batch_size`, the rows per unit); it changes
+neither the rows nor their order.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, check_columns_and_batch_size
-from shardcache.sources.partition import Unit, permutation
+from shardcache.sources.lance_access import lance_module, storage_options_for
+from shardcache.sources.lance_order import (
+    SHUFFLE_MODES,
+    check_chunk_shuffle,
+    check_read_batch_size,
+    row_sequence,
+)
+from shardcache.sources.lance_refs import parse_ref_columns
+from shardcache.sources.lance_rows import LanceRows, positions
+from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
 from shardcache.sources.subset import select_rows
 
 logger = logging.getLogger(__name__)
-
-SHUFFLE_MODES = ("none", "global", "random_scan")
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -42,9 +57,12 @@ def check_options(options: dict[str, Any]) -> None:
     if mode not in SHUFFLE_MODES:
         raise ConfigError(f"shuffle_mode={mode!r}: expected one of {SHUFFLE_MODES}")
     check_columns_and_batch_size(options)
+    check_read_batch_size(options)
+    check_chunk_shuffle(options)
     if "filter" in options:
         check_filter(options["filter"])
     check_storage_options(options.get("storage_options"))
+    parse_ref_columns(options.get("ref_columns"))  # resolved by Dataset.resolve_ref (sources.lance_refs)
 
 
 def check_storage_options(value: Any) -> None:
@@ -71,41 +89,6 @@ def check_daemon(daemon: Any) -> None:
 
 
 # AWS environment variables (as the daemon, s3fs and boto read them) -> Lance's storage option names.
-_AWS_KEYS = {
-    "AWS_ACCESS_KEY_ID": "aws_access_key_id",
-    "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
-    "AWS_SESSION_TOKEN": "aws_session_token",
-}
-
-
-def aws_storage_options(env: Mapping[str, str]) -> dict[str, str]:
-    """Lance storage options from the AWS environment the rest of the client uses.
-
-    The endpoint is `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL` (an `http://` endpoint also sets
-    `allow_http`, which Lance otherwise refuses with "builder error"); the region `AWS_REGION`, else
-    `AWS_DEFAULT_REGION`; and the keys `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`.
-    Lance itself also reads `AWS_ENDPOINT_URL_S3` from the environment, ahead of a given `aws_endpoint`.
-    """
-    options: dict[str, str] = {}
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["aws_endpoint"] = endpoint
-        if endpoint.startswith("http://"):
-            options["allow_http"] = "true"
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    if region:
-        options["aws_region"] = region
-    for variable, name in _AWS_KEYS.items():
-        if env.get(variable):
-            options[name] = env[variable]
-    return options
-
-
-def storage_options_for(url: str, given: Mapping[str, str] | None) -> dict[str, str] | None:
-    """What `lance.dataset(url, storage_options=...)` gets: `given` over those derived for s3:// URLs."""
-    derived = aws_storage_options(os.environ) if url.startswith(("s3://", "s3a://")) else {}
-    merged = {**derived, **(given or {})}
-    return merged or None
 
 
 def check_filter(value: Any) -> None:
@@ -123,34 +106,6 @@ def check_filter(value: Any) -> None:
 def filter_sql(alternative: Sequence[str]) -> str:
     """One alternative's predicates joined with AND."""
     return " AND ".join(f"({p})" for p in alternative)
-
-
-def _positions(ds: Any, addresses: Any) -> Any:
-    """Row addresses (fragment id << 32 | offset) as the positions `take` uses (rows after deletions)."""
-    import numpy as np
-
-    addresses = np.asarray(addresses, dtype=np.uint64)
-    fragments = ds.get_fragments()
-    if all(f.metadata.deletion_file is None for f in fragments):
-        base = {}
-        start = 0
-        for f in fragments:
-            base[f.fragment_id] = start
-            start += f.count_rows()
-        ids = (addresses >> np.uint64(32)).astype(np.int64)
-        offsets = (addresses & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        lookup = np.array([base[int(i)] for i in np.unique(ids)], dtype=np.int64)
-        return lookup[np.searchsorted(np.unique(ids), ids)] + offsets
-    every = ds.scanner(columns=[], with_row_address=True, scan_in_order=True).to_table()["_rowaddr"]
-    return np.searchsorted(np.asarray(every.to_numpy(), dtype=np.uint64), addresses).astype(np.int64)
-
-
-def _lance() -> Any:
-    try:
-        import lance
-    except ImportError as exc:
-        raise ConfigError("the lance source needs pylance: pip install 'shardcache[lance]'") from exc
-    return lance
 
 
 @dataclass(frozen=True)
@@ -173,18 +128,20 @@ class LanceSource(SourceNode):
         self._chunks: list[Unit] = []
 
     def units(self) -> list[Unit]:
-        lance = _lance()
+        lance = lance_module()
         given = self.spec.options.get("storage_options")
         self._datasets = [
             lance.dataset(ref.url, storage_options=storage_options_for(ref.url, given))
             for ref in self.spec.shards
         ]
-        self._sizes = [int(ds.count_rows()) for ds in self._datasets]
+        metadata = self.spec.options.get("row_metadata", True) is not False
+        self._rows = LanceRows(self._datasets, [ref.url for ref in self.spec.shards], metadata)
+        self._sizes = self._rows.sizes
         self._fragments = [
             (d, f.fragment_id) for d, ds in enumerate(self._datasets) for f in ds.get_fragments()
         ]
         self.mode = self.spec.options.get("shuffle_mode", "none")
-        self._starts = [sum(self._sizes[:d]) for d in range(len(self._sizes))]
+        self._starts = self._rows.starts
         self._space = self._row_space()
         if self._space is not None and self.mode == "random_scan":
             logger.info("lance: shuffle_mode='random_scan' over a filter or subset reads as 'global'")
@@ -210,15 +167,14 @@ class LanceSource(SourceNode):
             for f in slot_order(len(self._fragments), self.ctx, self.epoch, round_index):
                 d, frag = self._fragments[f]
                 units.append(LanceChunk(refs[d], dataset=d, fragment=frag))
-        elif self.mode == "global":
+        elif self.mode in ("global", "chunk"):
             space = self._space
             n = sum(self._sizes) if space is None else len(space)
-            perm = permutation(n, self.ctx.seed, self.epoch, round_index)
-            mine = perm[(slot + round_index) % total :: total]
+            order = row_sequence(self.mode, n, self.spec.options, self.ctx.seed, self.epoch, round_index)
+            mine = order[(slot + round_index) % total :: total]
             for i in range(0, len(mine), batch):
                 rows = mine[i : i + batch]
-                if space is not None:
-                    rows = [int(r) for r in space[rows]]
+                rows = [int(r) for r in (rows if space is None else space[rows])]
                 # One chunk per batch; rows of several datasets are looked up per dataset below.
                 units.append(LanceChunk(refs[0], rows=tuple(rows), count=len(rows), offset=-1))
         elif self._space is not None:
@@ -248,10 +204,9 @@ class LanceSource(SourceNode):
         into the same per-worker split on every rank, from the row order of the shuffle mode."""
         space = self._space
         n = sum(self._sizes) if space is None else len(space)
-        if self.mode == "none":
-            sequence: Any = range(n)
-        else:  # "global", and "random_scan", whose fragment-sized units cannot be cut evenly
-            sequence = permutation(n, self.ctx.seed, self.epoch)
+        # "random_scan" reads as "global" here: its fragment-sized units cannot be cut evenly.
+        mode = "global" if self.mode == "random_scan" else self.mode
+        sequence: Any = row_sequence(mode, n, self.spec.options, self.ctx.seed, self.epoch)
         ranks, workers = self.ctx.dp_size, self.ctx.num_workers
         per_rank = n // ranks if even == "drop" else -(-n // ranks)
         rank, worker = self.ctx.dp_rank, self.ctx.worker_id
@@ -275,40 +230,23 @@ class LanceSource(SourceNode):
         yield from self._read(unit, start)
 
     def _read(self, unit: Unit, start: int) -> Iterator[dict[str, Any]]:
-        # decode_batch is to_pylist() on ordinary data and decodes `.cache()` datasets' tagged columns;
-        # imported here because it needs pyarrow, which `import shardcache` must not.
-        from shardcache.sources.lance_codec import decode_batch
-
         assert isinstance(unit, LanceChunk)
         columns = self.spec.options.get("columns")
         cols = list(columns) if columns is not None else None
-        batch = int(self.spec.options.get("batch_size", 65536))
+        read_batch = int(self.spec.options.get("read_batch_size", self.spec.options.get("batch_size", 65536)))
         if unit.fragment is not None:
-            ds = self._datasets[unit.dataset]
-            fragment = ds.get_fragment(unit.fragment)
-            scanner = ds.scanner(columns=cols, fragments=[fragment], scan_in_order=False, batch_size=batch)
-            seen = 0
-            for rb in scanner.to_batches():
-                for row in decode_batch(rb):
-                    seen += 1
-                    if seen > start:
-                        yield row
+            # Lance's order inside a fragment is not deterministic: a resume skips the count already read.
+            rows = self._rows.scan_fragment(unit.dataset, unit.fragment, cols, read_batch)
+            yield from itertools.islice(rows, start, None)
             return
         if unit.rows is not None:
-            rows = unit.rows[start:]
-            yield from self._take(rows, cols)
+            yield from self._rows.take(unit.rows[start:], cols, read_batch)
             return
-        ds = self._datasets[unit.dataset]
         count = (unit.count or 0) - start
-        if count <= 0:
-            return
-        table = ds.scanner(columns=cols, offset=unit.offset + start, limit=count, batch_size=batch).to_table()
-        yield from decode_batch(table)
+        yield from self._rows.scan(unit.dataset, unit.offset + start, count, cols, read_batch)
 
     def _row_space(self) -> Any:
         """The global row positions this source reads (filter, then subset), or None for every row."""
-        import numpy as np
-
         alternatives = self.spec.options.get("filter")
         subset = self.spec.options.get("subset")
         if alternatives is None and subset is None:
@@ -321,17 +259,6 @@ class LanceSource(SourceNode):
                 for alternative in alternatives:
                     scanner = ds.scanner(filter=filter_sql(alternative), columns=[], with_row_address=True)
                     addresses = scanner.to_table()["_rowaddr"].to_numpy()
-                    found.append(_positions(ds, addresses) + self._starts[d])
+                    found.append(positions(ds, addresses) + self._starts[d])
             space = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
         return space[select_rows(len(space), subset)] if subset else space
-
-    def _take(self, rows: Sequence[int], cols: list[str] | None) -> Iterator[dict[str, Any]]:
-        from shardcache.sources.lance_codec import decode_batch
-
-        starts = self._starts
-        if len(self._datasets) == 1:
-            yield from decode_batch(self._datasets[0].take(list(rows), columns=cols))
-            return
-        for row in rows:
-            d = max(i for i, s in enumerate(starts) if s <= row)
-            yield from decode_batch(self._datasets[d].take([row - starts[d]], columns=cols))

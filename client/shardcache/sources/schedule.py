@@ -32,6 +32,7 @@ from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
 from shardcache.jobs import default_job
+from shardcache.sources.lance_order import fingerprint_neutral
 from shardcache.sources.partition import permutation
 
 logger = logging.getLogger(__name__)
@@ -72,9 +73,20 @@ def order_neutral(kind: str, name: str, value: Any) -> bool:
     """Whether option `name=value` reads the same samples in the same order as leaving it out does.
 
     Such options stay out of the fingerprints, so spelling a default out keeps saved states valid:
-    the kind's default `shuffle_mode`, `min_row_groups_per_chunk=1`, and parquet's `use_threads` (pyarrow
-    decodes the same rows either way).
+    the kind's default `shuffle_mode`, `min_row_groups_per_chunk=1`, parquet's `use_threads` (pyarrow
+    decodes the same rows either way), and lance's `read_batch_size` and default `chunk_shuffle`
+    (`sources.lance_order`).
     """
+    if kind == "lance":
+        # row_metadata=False is set only by the `.cache()` read-back, whose rows keep the metadata they
+        # were written with; it stays out so that states taken after `.cache()` keep their fingerprint.
+        # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's
+        # own description carries the references it resolves.
+        return (
+            (name == "row_metadata" and value is False)
+            or name == "ref_columns"
+            or fingerprint_neutral(name, value)
+        )
     if name == "shuffle_mode":
         return kind in SHUFFLE_MODES and value == SHUFFLE_MODES[kind][0]
     if kind == "parquet":

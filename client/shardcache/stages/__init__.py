@@ -8,6 +8,7 @@ from shardcache.stages.base import Node
 from shardcache.stages.batch import BatchStage
 from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
+from shardcache.stages.resolve_ref import ResolveRefStage
 from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
 from shardcache.stages.unbatch import UnbatchStage
@@ -21,6 +22,7 @@ Stage = (
     | UnbatchStage
     | CacheStage
     | BalanceStage
+    | ResolveRefStage
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "BatchStage",
     "CacheStage",
     "MapStage",
+    "ResolveRefStage",
     "Node",
     "SelectStage",
     "ShuffleStage",
