@@ -19,9 +19,35 @@ ShardcacheError
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ShardcacheError(Exception):
-    """Root of every error the shardcache client raises."""
+    """Root of every error the shardcache client raises.
+
+    `code` (keyword): a short, stable name of the failure, for programs and logs, e.g. "UnsupportedResume"
+    or "ResumeIdentityMismatch" (mvp-dataset 0.2.3's error codes, which its users match on). When given,
+    the message starts with it in brackets: ``[ResumeIdentityMismatch] resume state was taken ...``.
+    """
+
+    code: str | None = None
+
+    def __init__(self, *args: object, code: str | None = None) -> None:
+        if code is not None:
+            args = (f"[{code}] {args[0]}", *args[1:]) if args else (f"[{code}]",)
+            self.code = code
+        super().__init__(*args)
+
+    def __reduce__(self) -> Any:
+        # Keeps `code` across pickling (DataLoader workers, multiprocessing), which passes only `args`.
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[ShardcacheError], args: tuple[object, ...], state: dict[str, Any]) -> ShardcacheError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(ShardcacheError, ValueError):
