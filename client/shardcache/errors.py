@@ -86,6 +86,7 @@ class DaemonRequestError(DaemonError):
     """The daemon answered with an error status."""
 
     status: int = 0
+    code: str  # the daemon's error code (shardcache_protocol.ErrorBody.code)
 
     def __init__(self, status: int, code: str, detail: str, url: str | None = None) -> None:
         where = f" ({url})" if url else ""
