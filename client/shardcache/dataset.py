@@ -31,6 +31,7 @@ from shardcache.sources import SourceSpec, canonical_kind, check_options, data_s
 from shardcache.sources.counting import RunFacts
 from shardcache.sources.lance import check_daemon
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
+from shardcache.sources.options import PlanHints
 from shardcache.stages import Node, Stage, builders
 from shardcache.stages.resolve_ref import resolve_ref_stage
 
@@ -123,7 +124,8 @@ class Dataset:
             daemon = None  # Lance reads its URIs with its own object-store support.
         else:
             refs = expand_shards(shards, data_suffix=data_suffix(kind))
-        return cls(PipelineSpec(SourceSpec(kind, tuple(refs), dict(options), context, daemon)))
+        given, hints = PlanHints.split(options)
+        return cls(PipelineSpec(SourceSpec(kind, tuple(refs), given, context, daemon, hints)))
 
     @staticmethod
     def mix(

@@ -12,6 +12,7 @@ import pytest
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
+from shardcache.sources.options import PlanHints
 from shardcache.sources.schedule import slot_order
 from tests.client.pipeline_support import make_tars
 
@@ -49,9 +50,9 @@ def test_next_chunk_is_planned_and_prefetched_while_the_current_one_is_read(
 def test_chunks_share_one_job_and_keep_the_plain_fingerprint(tmp_path: Path) -> None:
     ds = Dataset.from_source("tars", make_tars(tmp_path / "tars", 6, 2), daemon=None)
     chunks = ds.mini_epochs(2, num_workers=0)
-    assert len({c.source.options["job"] for c in chunks}) == 1
-    assert [len(c.source.options["plan_following"]) for c in chunks] == [5, 4, 3]  # rest + next epoch's 3
-    plain = Dataset(chunks[0].spec.with_source(dataclasses.replace(chunks[0].source, options={})))
+    assert len({c.source.hints.job for c in chunks}) == 1
+    assert [len(c.source.hints.plan_following or ()) for c in chunks] == [5, 4, 3]  # rest + next epoch's 3
+    plain = Dataset(chunks[0].spec.with_source(dataclasses.replace(chunks[0].source, hints=PlanHints())))
     assert chunks[0].fingerprint() == plain.fingerprint()  # planning hints are not part of the data
 
 

@@ -29,8 +29,9 @@ from shardcache.loader.stream import (
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
-from shardcache.pipeline.iteration import close_all, close_telemetry, source_job
+from shardcache.pipeline.iteration import close_all, close_telemetry
 from shardcache.resume.state import LiveState
+from shardcache.sources.schedule import source_job
 from shardcache.stages import Node, Stage, builders
 
 logger = logging.getLogger(__name__)
@@ -270,7 +271,7 @@ class TorchLoader:
     def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
         spec = self.dataset.source
-        job = source_job(spec, ctx.seed)
+        job = source_job(spec.hints.job, spec.shards, ctx.seed)
         merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
         # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
         workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)

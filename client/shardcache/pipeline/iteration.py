@@ -16,7 +16,7 @@ from shardcache.resume.point import resume_point
 from shardcache.resume.state import STATE_VERSION, DatasetState
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
-from shardcache.sources.schedule import job_id
+from shardcache.sources.schedule import source_job
 from shardcache.stages import Node
 
 
@@ -39,12 +39,6 @@ def close_all(*closers: Callable[[], None] | None) -> None:
 def close_telemetry(telemetry: Telemetry | None) -> Callable[[], None] | None:
     """The closer of `telemetry`: its reporting thread sends the last figures without being waited for."""
     return None if telemetry is None else functools.partial(telemetry.close, wait=False)
-
-
-def source_job(spec: SourceSpec, seed: int) -> str:
-    """The daemon job id a source's plans and reports go under: its `job` option, else its shards'."""
-    job = spec.options.get("job")
-    return str(job) if job else job_id([ref.url for ref in spec.shards], seed)
 
 
 class PipelineIterator:
@@ -72,7 +66,7 @@ class PipelineIterator:
         source = self.source
         telemetry = for_reader(
             spec.daemon,
-            source_job(spec, self.context.seed),
+            source_job(spec.hints.job, spec.shards, self.context.seed),
             self.context.slot,
             lambda: 0 if source is None else source.skipped_shards,
         )

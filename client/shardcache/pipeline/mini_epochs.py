@@ -20,9 +20,9 @@ import logging
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.pipeline.iteration import source_job
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
+from shardcache.sources.schedule import source_job
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def mini_epochs(
     order = [i for chunk in chunks for i in chunk]
     groups = [(ctx.epoch, tuple(shards[i].url for i in c)) for c in chunks]
     groups += [(ctx.epoch + 1, tuple(shards[i].url for i in c)) for c in chunked(ctx.epoch + 1)]
-    job = source_job(spec.source, ctx.seed)
+    job = source_job(spec.source.hints.job, shards, ctx.seed)
     urls = [ref.url for ref in shards]
     logger.info(
         "epoch %d: %d shards in %d mini epochs of up to %d shards",
@@ -101,12 +101,12 @@ def mini_epochs(
             dataclasses.replace(
                 spec.source,
                 shards=tuple(shards[i] for i in chunk),
-                options={
-                    **spec.source.options,
-                    "job": job,
-                    "plan_following": tuple(groups[k + 1 :]),
-                    **({} if owner is None else {"node_owners": tuple(zip(urls, owner, strict=True))}),
-                },
+                hints=dataclasses.replace(
+                    spec.source.hints,
+                    job=job,
+                    plan_following=tuple(groups[k + 1 :]),
+                    node_owners=None if owner is None else tuple(zip(urls, owner, strict=True)),
+                ),
             )
         )
         for k, chunk in enumerate(chunks)

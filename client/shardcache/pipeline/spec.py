@@ -112,7 +112,7 @@ class PipelineSpec:
                 and not node.counted_by_metadata
                 and (node.partitioning.even is not None or always)
             ):
-                units = select_units(self.source.kind, node.units(), self.source.options.get("subset"))
+                units = select_units(self.source.kind, node.units(), self.source.hints.subset)
                 unit_counts(node, units)
         finally:
             node.close()

@@ -30,10 +30,8 @@ def _derive(spec: PipelineSpec, step: Step, what: str) -> PipelineSpec:
     shards = source.shards
     if source.kind in SHARD_LEVEL:
         shards = select_shards(source.kind, shards, step)
-    subset = (*source.options.get("subset", ()), step)
-    return spec.with_source(
-        replace(source, shards=tuple(shards), options={**source.options, "subset": subset})
-    )
+    subset = (*(source.hints.subset or ()), step)
+    return spec.with_source(replace(source, shards=tuple(shards), hints=replace(source.hints, subset=subset)))
 
 
 def split(spec: PipelineSpec, fractions: Any) -> tuple[PipelineSpec, ...]:
@@ -67,14 +65,14 @@ def filter_rows(
             f"filter({predicate!r}): only the lance source filters rows (this dataset reads "
             f"{source.kind!r}); use .map() and skip samples downstream instead"
         )
-    if spec.stages or "subset" in source.options:
+    if spec.stages or source.hints.subset is not None:
         raise ConfigError(
             f"filter({predicate!r}): call filter() right after from_source('lance', ...), before stages, "
             "split() and sample()"
         )
-    previous = source.options.get("filter")
+    previous = source.hints.filter
     if previous is None:
-        combined = tuple((p,) for p in alternatives)
+        combined: tuple[tuple[str, ...], ...] = tuple((p,) for p in alternatives)
     else:  # filter(a).filter(b): every earlier alternative AND every new one
         combined = tuple((*alt, p) for alt in previous for p in alternatives)
-    return spec.with_source(replace(source, options={**source.options, "filter": combined}))
+    return spec.with_source(replace(source, hints=replace(source.hints, filter=combined)))

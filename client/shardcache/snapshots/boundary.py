@@ -15,6 +15,7 @@ from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.shards import ShardRef
 from shardcache.snapshots import materialise, validate_pre_cache
 from shardcache.sources import SourceSpec
+from shardcache.sources.options import PlanHints
 from shardcache.stages import CacheStage, Stage, builders
 
 CACHE_DEFAULTS: dict[str, Any] = {
@@ -62,6 +63,6 @@ def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuild
     assert isinstance(cache, CacheStage)
     path = materialise(spec.with_stages(spec.stages[:last]), ctx, dict(cache.options), build_nodes)
     # row_metadata=False: the cached rows keep the metadata of the samples written (see sources.lance_rows).
-    options = {"shuffle_mode": "none", "row_metadata": False}
-    lance = SourceSpec("lance", (ShardRef(path),), options, None, None)
+    hints = PlanHints(row_metadata=False)
+    lance = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None, hints)
     return PipelineSpec(lance, spec.stages[last + 1 :])

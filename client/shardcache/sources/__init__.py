@@ -1,4 +1,5 @@
-"""Sources: one module per kind. Each gives `check_options(options)` and a `SourceNode` subclass."""
+"""Sources: one module per kind. Each gives `check_options(options)` (the keywords, checked), its options
+dataclass (a `sources.options.SourceOptions`) and a `SourceNode` subclass that reads with it."""
 
 from __future__ import annotations
 

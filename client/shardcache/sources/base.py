@@ -34,15 +34,15 @@ from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.lance_order import shown as lance_shown
 from shardcache.sources.opener import DaemonSetting, ShardOpener
+from shardcache.sources.options import PlanHints, SourceOptions
 from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
 from shardcache.sources.pieces import needs_counts, remaining_pieces
 from shardcache.sources.schedule import (
-    PLAN_OPTIONS,
     PlanTracker,
-    job_id,
     order_neutral,
     shuffles_units,
     slot_order,
+    source_job,
 )
 from shardcache.sources.subset import select_units
 from shardcache.stages.base import Node, State
@@ -73,13 +73,15 @@ def check_on_error(options: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A source: its kind, shards, kind-specific options, optional explicit context and daemon setting."""
+    """A source: its kind, shards, the user's kind-specific options (as given: see `sources.options`), an
+    optional explicit context, the daemon setting, and the internal fields features set (`hints`)."""
 
     kind: str
     shards: tuple[ShardRef, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
     context: RuntimeContext | None = None
     daemon: DaemonSetting = "auto"
+    hints: PlanHints = field(default_factory=PlanHints)
 
     @property
     def resample(self) -> bool:
@@ -103,16 +105,14 @@ class SourceSpec:
                 return "[" + ",".join(show(v) for v in value) + "]"
             return repr(value)
 
-        # Plan hints, credentials (lance storage_options) and options that leave the data and its order as
-        # their default does (`schedule.order_neutral`) change neither the data nor the fingerprint.
+        # Credentials (lance storage_options) and options that leave the data and its order as their
+        # default does (`schedule.order_neutral`) change neither the data nor the fingerprint; of the hints,
+        # only those that choose samples (subset, filter) do, spelled as the keywords were.
+        given = {**self.options, **self.hints.described()}
         shown = (
-            k
-            for k in sorted(self.options)
-            if k not in PLAN_OPTIONS
-            and k != "storage_options"
-            and not order_neutral(self.kind, k, self.options[k])
+            k for k in sorted(given) if k != "storage_options" and not order_neutral(self.kind, k, given[k])
         )
-        options = ",".join(f"{k}={show(self.options[k], k)}" for k in shown)
+        options = ",".join(f"{k}={show(given[k], k)}" for k in shown)
         urls = "\n".join(ref.url for ref in self.shards)
         return f"{self.kind}({options})\n{urls}"
 
@@ -125,10 +125,13 @@ class SourceNode(Node):
     partitionable = True
     # Whether every unit's sample count comes with its metadata (parquet footers): no counting pass.
     counted_by_metadata = False
+    # The kind's options dataclass (`sources.options`); `self.options` is the spec's options as one.
+    options_class: type[SourceOptions] = SourceOptions
 
     def __init__(self, spec: SourceSpec, ctx: RuntimeContext, facts: RunFacts | None = None) -> None:
         super().__init__()
         self.spec = spec
+        self.options = self.options_class.of(spec.options)
         self.ctx = ctx
         self.facts = facts if facts is not None else RunFacts()
         self.epoch = ctx.epoch
@@ -172,7 +175,8 @@ class SourceNode(Node):
     def partitioning(self) -> Partitioning:
         """Placement and equal-work mode for this reader (`shardcache.sources.partition`)."""
         if self._partitioning is None:
-            resolved = resolve(dict(self.spec.options), self.ctx, self.facts.distributed())
+            opts = self.options
+            resolved = resolve(opts.placement, opts.even, opts.exchange, self.ctx, self.facts.distributed())
             if self.spec.resample:  # an endless stream: every rank always has a next sample
                 resolved = Partitioning(resolved.placement, None, resolved.exchange)
             if not self.partitionable:  # the kind cuts its own rows evenly; placement is for shards
@@ -214,7 +218,7 @@ class SourceNode(Node):
 
     def fixed_owner(self, units: list[Unit]) -> list[int] | None:
         """Each unit's node group when a larger dataset decided it (`node_owners`, set by mini_epochs)."""
-        pairs = self.spec.options.get("node_owners")
+        pairs = self.spec.hints.node_owners
         if not pairs:
             return None
         owner = dict(pairs)
@@ -233,11 +237,11 @@ class SourceNode(Node):
 
     def gen(self) -> Iterator[dict[str, Any]]:
         # Subsets (split/sample) of unit-level kinds; shardcache.sources.subset says which kinds are cut here.
-        units = select_units(self.spec.kind, self.units(), self.spec.options.get("subset"))
+        units = select_units(self.spec.kind, self.units(), self.spec.hints.subset)
         resample = self.spec.resample
         # Pieces of the partition layer carry the pad mark; a kind that cuts its own rows marks them itself.
         pad_marks = self.partitioning.even == "pad" and self.partitioned
-        job = self.spec.options.get("job") or job_id([r.url for r in self.spec.shards], self.ctx.seed)
+        job = source_job(self.spec.hints.job, self.spec.shards, self.ctx.seed)
         tracker = self._tracker = PlanTracker(
             self.opener.client if self.uses_daemon else None, job, self.ctx.slot
         )
@@ -277,7 +281,7 @@ class SourceNode(Node):
                                 sample["__pad__"] = piece.pad
                             yield sample
                     except SKIPPABLE as exc:
-                        if not self._skips(exc):
+                        if not self.skips(exc):
                             raise
                         self._skipped(unit, exc)
                     finally:
@@ -298,11 +302,10 @@ class SourceNode(Node):
         finally:
             tracker.close()
 
-    def _skips(self, exc: Exception) -> bool:
-        options = self.spec.options
-        if options.get("on_error", "raise") == "skip":
-            return True
-        return isinstance(exc, CorruptShardError) and options.get("on_corrupt", "raise") == "skip"
+    def skips(self, exc: Exception) -> bool:
+        """Whether reading a unit that raised `exc` goes on with the next unit (`on_error="skip"`; the
+        tars source adds `on_corrupt="skip"`)."""
+        return self.options.on_error == "skip"
 
     def _skipped(self, unit: Unit, exc: Exception) -> None:
         self.skipped_shards += 1
@@ -322,7 +325,7 @@ class SourceNode(Node):
         """What this slot opens after the current epoch (or round): the daemon's "next" plan."""
         if self.spec.resample:
             return self._urls(units, self.slot_pieces(units, self.round + 1))
-        following = self.spec.options.get("plan_following")
+        following = self.spec.hints.plan_following
         if following is not None:
             return [url for epoch, urls in following for url in self.plan_urls(urls, epoch)]
         saved, origin = self.epoch, self.origin
@@ -338,8 +341,8 @@ class SourceNode(Node):
         Exact for sources whose units need no I/O to list (tars, jsonl); sources that must read shard
         metadata for their units override this with a shard-level estimate.
         """
-        options = {k: v for k, v in self.spec.options.items() if k not in PLAN_OPTIONS or k == "node_owners"}
-        spec = replace(self.spec, shards=tuple(ShardRef(url) for url in urls), options=options)
+        shards = tuple(ShardRef(url) for url in urls)
+        spec = replace(self.spec, shards=shards, hints=self.spec.hints.without_plans())
         sibling = type(self)(spec, self.ctx.with_epoch(epoch), self.facts)
         units = sibling.units()
         return sibling._urls(units, sibling.slot_pieces(units, 0))

@@ -15,6 +15,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from shardcache import envvars
@@ -23,6 +24,7 @@ from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.opener import ShardOpener
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit, permutation
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
@@ -48,7 +50,18 @@ def read_lines(data: bytes) -> list[bytes]:
     return [line for line in data.splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class JsonlOptions(SourceOptions):
+    """The jsonl source's options (`check_options` checks the keywords)."""
+
+    ref_fields: Sequence[tuple[str, str]] | None = None  # (field name, base directory) pairs
+    shuffle_mode: str = "shard_aware"
+
+
 class JsonlSource(SourceNode):
+    options_class = JsonlOptions
+    options: JsonlOptions
+
     def units(self) -> list[Unit]:
         if self.partitioned:  # whole files, cut by `shardcache.sources.partition`
             return [Unit(ref, count=ref.num_samples) for ref in self.spec.shards]
@@ -74,7 +87,7 @@ class JsonlSource(SourceNode):
         total = 1 if self.partitioned else self.ctx.total_slots
         first = unit.part * len(lines) // total
         last = (unit.part + 1) * len(lines) // total
-        refs = self.spec.options.get("ref_fields") or ()
+        refs = self.options.ref_fields or ()
         resolver = TarRefResolver(self.opener) if refs else None
         url = unit.ref.url
         stem = os.path.basename(url)

@@ -44,6 +44,7 @@ from shardcache.sources.lance_order import (
 )
 from shardcache.sources.lance_refs import parse_ref_columns
 from shardcache.sources.lance_rows import LanceRows, positions
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
 from shardcache.sources.subset import select_rows
@@ -92,7 +93,7 @@ def check_daemon(daemon: Any) -> None:
 
 
 def check_filter(value: Any) -> None:
-    """`options["filter"]`: alternatives (OR) of conjunctions (AND) of Lance SQL predicates (`filter()`)."""
+    """`hints.filter`: alternatives (OR) of conjunctions (AND) of Lance SQL predicates (`filter()`)."""
     ok = isinstance(value, tuple) and bool(value)
     ok = ok and all(
         isinstance(alt, tuple) and alt and all(isinstance(p, str) and p.strip() for p in alt) for alt in value
@@ -118,9 +119,24 @@ class LanceChunk(Unit):
     real: int | None = None  # under even="pad": rows before the first repeated one (None: all real)
 
 
+@dataclass(frozen=True)
+class LanceOptions(SourceOptions):
+    """The lance source's options (`check_options` checks the keywords)."""
+
+    columns: Sequence[str] | None = None
+    batch_size: int = 65536
+    read_batch_size: int | None = None  # None: batch_size
+    shuffle_mode: str = "none"
+    chunk_shuffle: Mapping[str, Any] | None = None
+    storage_options: Mapping[str, str] | None = None
+    ref_columns: Any = None  # parsed by sources.lance_refs for Dataset.resolve_ref
+
+
 class LanceSource(SourceNode):
     uses_daemon = False
     partitionable = False  # rows are planned here (shuffle_mode), not by shardcache.sources.partition
+    options_class = LanceOptions
+    options: LanceOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -129,18 +145,19 @@ class LanceSource(SourceNode):
 
     def units(self) -> list[Unit]:
         lance = lance_module()
-        given = self.spec.options.get("storage_options")
+        given = self.options.storage_options
         self._datasets = [
             lance.dataset(ref.url, storage_options=storage_options_for(ref.url, given))
             for ref in self.spec.shards
         ]
-        metadata = self.spec.options.get("row_metadata", True) is not False
-        self._rows = LanceRows(self._datasets, [ref.url for ref in self.spec.shards], metadata)
+        self._rows = LanceRows(
+            self._datasets, [ref.url for ref in self.spec.shards], self.spec.hints.row_metadata
+        )
         self._sizes = self._rows.sizes
         self._fragments = [
             (d, f.fragment_id) for d, ds in enumerate(self._datasets) for f in ds.get_fragments()
         ]
-        self.mode = self.spec.options.get("shuffle_mode", "none")
+        self.mode = self.options.shuffle_mode
         self._starts = self._rows.starts
         self._space = self._row_space()
         if self._space is not None and self.mode == "random_scan":
@@ -157,7 +174,7 @@ class LanceSource(SourceNode):
 
     def order(self, units: list[Unit], round_index: int) -> list[int]:
         units.clear()
-        batch = int(self.spec.options.get("batch_size", 65536))
+        batch = self.options.batch_size
         refs = self.spec.shards
         total, slot = self.ctx.total_slots, self.ctx.slot
         even = self.partitioning.even  # rows are cut here, not by shardcache.sources.partition
@@ -170,7 +187,8 @@ class LanceSource(SourceNode):
         elif self.mode in ("global", "chunk"):
             space = self._space
             n = sum(self._sizes) if space is None else len(space)
-            order = row_sequence(self.mode, n, self.spec.options, self.ctx.seed, self.epoch, round_index)
+            chunking = self.options.chunk_shuffle
+            order = row_sequence(self.mode, n, chunking, self.ctx.seed, self.epoch, round_index)
             mine = order[(slot + round_index) % total :: total]
             for i in range(0, len(mine), batch):
                 rows = mine[i : i + batch]
@@ -206,7 +224,7 @@ class LanceSource(SourceNode):
         n = sum(self._sizes) if space is None else len(space)
         # "random_scan" reads as "global" here: its fragment-sized units cannot be cut evenly.
         mode = "global" if self.mode == "random_scan" else self.mode
-        sequence: Any = row_sequence(mode, n, self.spec.options, self.ctx.seed, self.epoch)
+        sequence: Any = row_sequence(mode, n, self.options.chunk_shuffle, self.ctx.seed, self.epoch)
         ranks, workers = self.ctx.dp_size, self.ctx.num_workers
         per_rank = n // ranks if even == "drop" else -(-n // ranks)
         rank, worker = self.ctx.dp_rank, self.ctx.worker_id
@@ -231,9 +249,9 @@ class LanceSource(SourceNode):
 
     def _read(self, unit: Unit, start: int) -> Iterator[dict[str, Any]]:
         assert isinstance(unit, LanceChunk)
-        columns = self.spec.options.get("columns")
+        columns = self.options.columns
         cols = list(columns) if columns is not None else None
-        read_batch = int(self.spec.options.get("read_batch_size", self.spec.options.get("batch_size", 65536)))
+        read_batch = self.options.read_batch_size or self.options.batch_size
         if unit.fragment is not None:
             # Lance's order inside a fragment is not deterministic: a resume skips the count already read.
             rows = self._rows.scan_fragment(unit.dataset, unit.fragment, cols, read_batch)
@@ -247,8 +265,8 @@ class LanceSource(SourceNode):
 
     def _row_space(self) -> Any:
         """The global row positions this source reads (filter, then subset), or None for every row."""
-        alternatives = self.spec.options.get("filter")
-        subset = self.spec.options.get("subset")
+        alternatives = self.spec.hints.filter
+        subset = self.spec.hints.subset
         if alternatives is None and subset is None:
             return None
         if alternatives is None:

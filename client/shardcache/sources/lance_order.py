@@ -128,13 +128,14 @@ def chunk_order(n: int, config: ChunkShuffle, seed: int, epoch: int, round_index
 
 
 def row_sequence(
-    mode: str, n: int, options: Mapping[str, Any], seed: int, epoch: int, round_index: int = 0
+    mode: str, n: int, chunk_shuffle: Any, seed: int, epoch: int, round_index: int = 0
 ) -> Sequence[int] | Any:
-    """Positions 0..n-1 in the order `mode` reads them in (seed, epoch, round) before slots are dealt."""
+    """Positions 0..n-1 in the order `mode` reads them in (seed, epoch, round) before slots are dealt
+    (`chunk_shuffle`: the option's value, for mode "chunk")."""
     if mode == "none":
         return range(n)
     if mode == "chunk":
-        config = resolve_chunk_shuffle(options.get("chunk_shuffle"))
+        config = resolve_chunk_shuffle(chunk_shuffle)
         return chunk_order(n, config, seed, epoch, round_index)
     return permutation(n, seed, epoch, round_index)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, check_columns_and_batch_size
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
 
@@ -59,8 +60,21 @@ def chunk_row_groups(rows: Sequence[int], per_chunk: int) -> list[tuple[int, int
     ]
 
 
+@dataclass(frozen=True)
+class ParquetOptions(SourceOptions):
+    """The parquet source's options (`check_options` checks the keywords)."""
+
+    columns: Sequence[str] | None = None
+    batch_size: int = 65536
+    use_threads: bool = True
+    shuffle_mode: str = "chunk_aware"
+    min_row_groups_per_chunk: int = 1
+
+
 class ParquetSource(SourceNode):
     counted_by_metadata = True  # row groups carry their row counts
+    options_class = ParquetOptions
+    options: ParquetOptions
 
     def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
         # Listing the row groups of shards read later would open (fetch) them now; a shard-level order is
@@ -75,7 +89,7 @@ class ParquetSource(SourceNode):
             with self.opener.open(ref) as f:
                 meta = pq.ParquetFile(f).metadata
             files.append((ref, [meta.row_group(rg).num_rows for rg in range(meta.num_row_groups)]))
-        per_chunk = self.spec.options.get("min_row_groups_per_chunk", 1)
+        per_chunk = self.options.min_row_groups_per_chunk
         chunks = [(ref, chunk_row_groups(rows, per_chunk)) for ref, rows in files]
         if per_chunk > 1 and sum(len(c) for _, c in chunks) < self.ctx.total_slots:
             # As mvp-dataset does: too few chunks for the slots, so schedule row group by row group.
@@ -96,8 +110,7 @@ class ParquetSource(SourceNode):
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         pq = _pq()
-        options = self.spec.options
-        columns = options.get("columns")
+        columns = self.options.columns
         url = unit.ref.url
         stem = os.path.basename(url)
         index = unit.offset
@@ -105,10 +118,10 @@ class ParquetSource(SourceNode):
         with self.opener.open(unit.ref, plan) as f:
             reader = pq.ParquetFile(f)
             batches = reader.iter_batches(
-                batch_size=options.get("batch_size", 65536),
+                batch_size=self.options.batch_size,
                 row_groups=list(range(unit.part, unit.part + groups)),
                 columns=list(columns) if columns is not None else None,
-                use_threads=options.get("use_threads", True),
+                use_threads=self.options.use_threads,
             )
             for batch in batches:
                 rows = batch.to_pylist()

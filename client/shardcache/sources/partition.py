@@ -137,18 +137,17 @@ def check_partition_options(options: dict[str, object]) -> None:
         raise ConfigError("exchange= moves units between nodes under placement='node'; drop it for 'global'")
 
 
-def resolve(options: dict[str, object], ctx: RuntimeContext, distributed: bool) -> Partitioning:
-    """The partitioning a source uses in `ctx`: 'auto' placement is node with several node groups, and
-    'auto' even is 'drop' when torch.distributed runs several data-parallel ranks (a plain DDP loop then
-    never waits for a rank that has run out)."""
-    placement = options.get("placement", "auto")
+def resolve(
+    placement: str, even: str | None, exchange: float, ctx: RuntimeContext, distributed: bool
+) -> Partitioning:
+    """The partitioning a source uses in `ctx` (its `placement`, `even` and `exchange` options): 'auto'
+    placement is node with several node groups, and 'auto' even is 'drop' when torch.distributed runs several
+    data-parallel ranks (a plain DDP loop then never waits for a rank that has run out)."""
     if placement == "auto":
         placement = "node" if ctx.node_groups > 1 else "global"
-    even = options.get("even", "auto")
     if even == "auto":
         even = "drop" if distributed and ctx.dp_size > 1 else None
-    exchange = float(options.get("exchange", 0.0))  # type: ignore[arg-type]
-    return Partitioning(str(placement), None if even is None else str(even), exchange)
+    return Partitioning(placement, even, float(exchange))
 
 
 def permutation(n: int, seed: int, epoch: int, round_index: int = 0, salt: str = "") -> list[int]:

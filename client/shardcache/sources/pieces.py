@@ -9,11 +9,11 @@ becomes the pieces the new layout plans. Pure arithmetic over pieces and plans; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import UnsupportedResume
+from shardcache.sources.options import PlanHints
 from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.stages import Node
 from shardcache.stages.shuffle import ShuffleStage
@@ -24,7 +24,7 @@ class _Described(Protocol):
     def kind(self) -> str: ...
 
     @property
-    def options(self) -> Mapping[str, Any]: ...
+    def hints(self) -> PlanHints: ...
 
     @property
     def shuffles_units(self) -> bool: ...
@@ -77,7 +77,7 @@ def remaining_pieces(
             f"an elastic resume of a {node.spec.kind} source is not supported (it plans its rows itself): "
             "resume on the same topology"
         )
-    if node.spec.options.get("node_owners") and layout.groups > 1:
+    if node.spec.hints.node_owners and layout.groups > 1:
         raise UnsupportedResume(
             "an elastic resume inside a mini-epoch chunk is not supported: resume the chunk on the same "
             "topology, or resume on the new topology at the next chunk boundary (start the next chunk)"

@@ -32,6 +32,7 @@ from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
 from shardcache.jobs import default_job
+from shardcache.shards import ShardRef
 from shardcache.sources.lance_order import fingerprint_neutral
 from shardcache.sources.partition import permutation
 
@@ -131,6 +132,11 @@ def slot_order(
 def job_id(urls: Sequence[str], seed: int) -> str:
     """The daemon job id of a dataset: the same on every rank and worker (see `shardcache.jobs`)."""
     return default_job(urls, seed)
+
+
+def source_job(job: str | None, shards: Sequence[ShardRef], seed: int) -> str:
+    """The daemon job id a source's plans and reports go under: its `job` hint, else its shards'."""
+    return job if job else job_id([ref.url for ref in shards], seed)
 
 
 def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:

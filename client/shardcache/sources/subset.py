@@ -1,6 +1,6 @@
 """`split` and `sample`: deterministic subsets of a source, chosen over its list of units.
 
-A subset is a small hashable description kept in the source's options (``options["subset"]``), so it is part
+A subset is a small hashable description kept in the source's hints (``hints.subset``), so it is part
 of the pipeline's fingerprint: a tuple of steps applied in order, each over what the previous kept.
 
 - ``("split", fractions, index)``: part `index` of a partition in source order. Fractions are normalised
@@ -80,7 +80,7 @@ def sample_step(fraction: Any, seed: Any) -> Step:
 
 
 def check_subset(subset: Any) -> None:
-    """Validate an ``options["subset"]`` value (as built by `split_step`/`sample_step`)."""
+    """Validate a subset (``hints.subset``, as built by `split_step`/`sample_step`)."""
     if not isinstance(subset, tuple) or not subset:
         raise ConfigError(
             f"subset={subset!r}: expected a tuple of split/sample steps (use split() or sample())"
@@ -220,7 +220,7 @@ def select(sizes: Sequence[float] | np.ndarray, subset: Subset | None) -> np.nda
     Args:
         sizes: One weight per unit, in source order: the row group's row count (parquet), 1 per shard
             (tars, jsonl).
-        subset: The steps (``options["subset"]``); None keeps every unit.
+        subset: The steps (``hints.subset``); None keeps every unit.
 
     Example:
         >>> select([1] * 10, (("split", (0.8, 0.2), 1),)).tolist()

@@ -11,14 +11,16 @@ import logging
 import mmap
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import IO, Any
 
 from shardcache import envvars
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, CorruptShardError
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.counting import unit_key
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
@@ -54,7 +56,24 @@ def check_options(options: dict[str, Any]) -> None:
                 raise ConfigError(f"sidecars=: entry {entry!r} is not a (name, function) pair")
 
 
+@dataclass(frozen=True)
+class TarsOptions(SourceOptions):
+    """The tars source's options (`check_options` checks the keywords)."""
+
+    sidecars: Sequence[tuple[str, Callable[[str], str]]] | None = None
+    on_corrupt: str = "raise"
+    shuffle_mode: str = "shard_aware"
+
+
 class TarsSource(SourceNode):
+    options_class = TarsOptions
+    options: TarsOptions
+
+    def skips(self, exc: Exception) -> bool:
+        return super().skips(exc) or (
+            isinstance(exc, CorruptShardError) and self.options.on_corrupt == "skip"
+        )
+
     def units(self) -> list[Unit]:
         shards = self.spec.shards
         if len(shards) < self.ctx.total_slots and not self.partitioned:
@@ -66,7 +85,7 @@ class TarsSource(SourceNode):
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         level = key_dot_level()
-        sidecars = self.spec.options.get("sidecars") or ()
+        sidecars = self.options.sidecars or ()
         url = unit.ref.url
         # A corrupt shard raises CorruptShardError; the base class skips it under on_corrupt/on_error="skip".
         with ExitStack() as stack:
@@ -81,7 +100,7 @@ class TarsSource(SourceNode):
     def count(self, unit: Unit) -> int:
         """Samples in `unit` by walking its headers, recording sample offsets for readers that start
         inside it; a shard the walk cannot read (compressed, pax names, ...) is counted by reading."""
-        if compression_of(unit.ref.url) is None and not self.spec.options.get("sidecars"):
+        if compression_of(unit.ref.url) is None and not self.options.sidecars:
             with self.opener.open_buffer(unit.ref, None) as buf:
                 index = sample_index(buf, key_dot_level()) if isinstance(buf, mmap.mmap) else None
             if index is not None:
@@ -90,7 +109,7 @@ class TarsSource(SourceNode):
         return super().count(unit)
 
     def opened_urls(self, unit: Unit) -> list[str]:
-        sidecars = self.spec.options.get("sidecars") or ()
+        sidecars = self.options.sidecars or ()
         return [unit.ref.url, *(fn(unit.ref.url) for _, fn in sidecars)]
 
     def _open(
