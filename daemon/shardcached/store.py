@@ -270,7 +270,3 @@ class Store:
             del self._leases[lease.id]
             self._end(lease)
         return len(expired)
-
-    @property
-    def lease_count(self) -> int:
-        return len(self._leases)
