@@ -226,6 +226,7 @@ class Dataset:
         **extra: Any,
     ) -> Dataset:
         """Materialise everything before this point once into a local Lance dataset (`snapshots`)."""
+        self._no_pending_state("cache()")
         options = {
             "cache_dir": cache_dir,
             "cache_num_workers": cache_num_workers,
@@ -234,6 +235,15 @@ class Dataset:
             **extra,
         }
         return self._derive(cached(self._spec, options))
+
+    def _no_pending_state(self, what: str) -> None:
+        # A loaded state resumes this pipeline's stream; a snapshot materialises it whole, from the start.
+        if self._live.pending is not None:
+            raise ConfigError(
+                f"{what}: this dataset has a pending resume state (load_state_dict was called); a snapshot "
+                "is built from the start. Call it on a dataset without a loaded state",
+                code="SnapshotResumeUnsupported",
+            )
 
     # -- epochs, state, fingerprints ------------------------------------------------------------------------
 
@@ -341,6 +351,7 @@ class Dataset:
 
     def snapshot(self, fingerprint_provider: FingerprintProvider | None = None, **options: Any) -> Dataset:
         """`.cache()` under mvp-dataset's name, optionally named by `fingerprint_provider()`."""
+        self._no_pending_state("snapshot()")
         return self._derive(snapshot(self._spec, fingerprint_provider, **options))
 
     def resolve_ref(

@@ -2,6 +2,9 @@
 
 ShardcacheError
 ├── ConfigError (also ValueError)        bad arguments: names the argument and the accepted values
+│   ├── ArgumentTypeError (also TypeError)          an argument of the wrong type
+│   ├── UnsupportedOperation (also NotImplementedError) a method this dataset's kind does not have
+│   └── InvalidPredicate (also OSError)             a filter predicate Lance refuses
 ├── DaemonError                          the daemon could not serve a request
 │   ├── DaemonUnavailable                no daemon answers on the socket
 │   └── DaemonRequestError               the daemon answered with an error status
@@ -52,6 +55,20 @@ def _rebuild(cls: type[ShardcacheError], args: tuple[object, ...], state: dict[s
 
 class ConfigError(ShardcacheError, ValueError):
     """A bad argument; the message names the argument and what is accepted."""
+
+
+class ArgumentTypeError(ConfigError, TypeError):
+    """An argument of the wrong type: a ConfigError that is also the TypeError mvp-dataset raises there."""
+
+
+class UnsupportedOperation(ConfigError, NotImplementedError):
+    """A method this dataset's kind does not have (`filter()` on jsonl): also NotImplementedError, as in
+    mvp-dataset, so either `except` catches it."""
+
+
+class InvalidPredicate(ConfigError, OSError):
+    """A `filter()` predicate Lance refuses (an unknown column, bad SQL). Also an OSError: Lance itself raises
+    OSError for it on some datasets (mvp-dataset lets that through), so code catching that keeps working."""
 
 
 class DaemonError(ShardcacheError):

@@ -379,12 +379,14 @@ def mixed_source(
     if context is None and len(explicit) > 1:
         raise ConfigError(
             "from_source('mixed', ...): the sources were built with different contexts; build them with "
-            "the same context, or pass context= to the mix"
+            "the same context, or pass context= to the mix",
+            code="MixedSourceContextMismatch",
         )
     if context is not None and explicit - {context}:
         raise ConfigError(
             "from_source('mixed', context=...): a source was built with another context; build the "
-            "sources with this context (or none)"
+            "sources with this context (or none)",
+            code="MixedSourceContextMismatch",
         )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed={seed!r}: expected an int or None")

@@ -14,9 +14,11 @@ from shardcache.errors import ConfigError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.shards import ShardRef
 from shardcache.snapshots import materialise, validate_pre_cache
+from shardcache.snapshots.identity import frozen_identities
 from shardcache.sources import SourceSpec
 from shardcache.sources.options import PlanHints
 from shardcache.stages import CacheStage, Stage, builders
+from shardcache.stages.cache import SNAPSHOT_SUBSET
 
 CACHE_DEFAULTS: dict[str, Any] = {
     "cache_dir": ".cache",
@@ -34,18 +36,27 @@ def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:
     """The cache stage `Dataset.cache(**options)` appends to `spec`, checked.
 
     Raises:
-        ConfigError: after a mix, a non-positive size, or a stage that cannot go into a cache.
+        ConfigError: after a mix or a resampling source, a non-positive size, or a stage that cannot go
+            into a cache.
     """
     if spec.composed:
         raise ConfigError(
             "cache() after mix() is not supported: cache each dataset before mixing "
             "(Dataset.mix({'a': a.cache(), 'b': b.cache()}))"
         )
+    if spec.source.resample:
+        raise ConfigError(
+            ".cache()/.snapshot() requires a finite pipeline: a resampling source (resample=True) never "
+            "ends; drop resample",
+            code="InfiniteSnapshotSource",
+        )
     builders.positive_int("cache_num_workers", options["cache_num_workers"])
     builders.positive_int("cache_write_batch_size", options["cache_write_batch_size"])
     builders.positive_int("max_rows_per_fragment", options["max_rows_per_fragment"])
     validate_pre_cache(spec.stages[last_cache(spec.stages) + 1 :])
-    return CacheStage(options)
+    frozen = frozen_identities(spec.stages)
+    # Only when there is a closure, so the description (and fingerprint) of other pipelines is unchanged.
+    return CacheStage({**options, "frozen": frozen} if any(frozen) else options)
 
 
 def cached(spec: PipelineSpec, options: dict[str, Any]) -> PipelineSpec:
@@ -61,8 +72,10 @@ def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuild
         return spec
     cache = spec.stages[last]
     assert isinstance(cache, CacheStage)
-    path = materialise(spec.with_stages(spec.stages[:last]), ctx, dict(cache.options), build_nodes)
+    options = dict(cache.options)
+    subset = options.pop(SNAPSHOT_SUBSET, None)  # split()/sample() of the snapshot (`pipeline.subsets`)
+    path = materialise(spec.with_stages(spec.stages[:last]), ctx, options, build_nodes)
     # row_metadata=False: the cached rows keep the metadata of the samples written (see sources.lance_rows).
-    hints = PlanHints(row_metadata=False)
+    hints = PlanHints(row_metadata=False, subset=subset or None)
     lance = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None, hints)
     return PipelineSpec(lance, spec.stages[last + 1 :])

@@ -32,7 +32,7 @@ from shardcache.errors import CacheError, ConfigError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
 from shardcache.snapshots.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
-from shardcache.snapshots.pipeline import iterate_part
+from shardcache.snapshots.pipeline import dict_samples, iterate_part
 from shardcache.snapshots.store import (
     DATA,
     DATASET_MARKER,
@@ -60,6 +60,9 @@ class CacheOptions:
         max_rows_per_fragment: Rows per Lance fragment of the merged dataset.
         cache_timeout: Seconds to wait for parts other processes are building (default
             `$SHARDCACHE_CACHE_TIMEOUT`, else `$MVP_DATASET_CACHE_WAIT_TIMEOUT_SECONDS`, else 6 hours).
+        fingerprint_provider: `snapshot(fingerprint_provider=...)`: names the entry instead of the plan.
+        frozen: Set by `.cache()`, not a user option: the fingerprints of the lambdas and local closures
+            before the boundary, taken when `.cache()` was called (`identity.frozen_identities`).
     """
 
     cache_dir: str | os.PathLike[str] | None = None
@@ -68,6 +71,7 @@ class CacheOptions:
     max_rows_per_fragment: int = 5000
     cache_timeout: float | None = None
     fingerprint_provider: Callable[[], str] | None = None
+    frozen: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.fingerprint_provider is not None and not callable(self.fingerprint_provider):
@@ -127,7 +131,7 @@ def materialise(
     """
     opts = CacheOptions.coerce(options)
     provider = opts.fingerprint_provider
-    validate_pre_cache(pre.stages, warn=False, identified=provider is not None)
+    validate_pre_cache(pre.stages, warn=False)
     if pre.source.resample:
         raise ConfigError(
             ".cache() after a resampling source (resample=True) would never finish; drop resample"
@@ -135,7 +139,7 @@ def materialise(
     if provider is not None:
         fingerprint, description = provided_fingerprint(provider, pre.source, pre.stages)
     else:
-        fingerprint, description = plan_fingerprint(pre.source, pre.stages)
+        fingerprint, description = plan_fingerprint(pre.source, pre.stages, opts.frozen)
     entry = EntryPaths(resolve_cache_root(opts.cache_dir) / fingerprint)
     if entry.dataset_complete():
         return entry.dataset_uri
@@ -213,7 +217,7 @@ def _build_part(
     part_context = RuntimeContext(
         rank=index, world_size=slots, num_nodes=context.node_groups, seed=context.seed
     )
-    rows = iterate_part(pre, part_context, opts.cache_num_workers, build_nodes)
+    rows = dict_samples(iterate_part(pre, part_context, opts.cache_num_workers, build_nodes))
     result = write_rows(
         rows,
         str(tmp / DATA),

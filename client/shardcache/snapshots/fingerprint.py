@@ -6,8 +6,10 @@ user functions and classes, recursively). Library code (the standard library, si
 by module, name and package version instead of being walked. Objects whose state cannot be seen cheaply are
 identified by their type only; the docs say so, and `shardcache cache rm` clears such entries by hand.
 
-Lambdas and functions or classes defined inside other functions are refused as stage callables: their
-identity is not stable across processes (a closure's captured state is not part of its name).
+Lambdas and functions or classes defined inside other functions (`is_local`) are fingerprinted the same way,
+captured values included; `.cache()` takes their fingerprint when it is called (see
+`shardcache.snapshots.identity.frozen_identities`), since what a closure captures often changes while it runs.
+`check_stable_callable` still names them for callers that need an identity independent of captured state.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ _MAX_ARRAY_BYTES = 64 << 20
 _SKIPPED_CLASS_ATTRS = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"})
 
 
+def _target(fn: Any) -> Any:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    return target if isinstance(target, types.FunctionType | type) else type(target)
+
+
+def is_local(fn: Any) -> bool:
+    """Whether `fn` (or what a partial or bound method wraps) is a lambda or defined inside a function."""
+    target = _target(fn)
+    return getattr(target, "__name__", "") == "<lambda>" or "<locals>" in getattr(target, "__qualname__", "")
+
+
 def check_stable_callable(fn: Any, what: str) -> None:
     """Raise ConfigError when `fn` has no identity that survives a process restart.
 
@@ -37,11 +52,7 @@ def check_stable_callable(fn: Any, what: str) -> None:
         fn: The stage's callable (a function, a partial, a bound method, a class or a callable object).
         what: How the error names the stage, e.g. "map(fn)".
     """
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if not isinstance(target, types.FunctionType | type):
-        target = type(target)
+    target = _target(fn)
     name = getattr(target, "__name__", "")
     qualname = getattr(target, "__qualname__", "")
     if name == "<lambda>":

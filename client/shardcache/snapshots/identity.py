@@ -3,7 +3,9 @@
 The fingerprint covers the source (kind, options, every shard's URL and its current version: the ETag, or
 size and mtime; a Lance dataset's version) and every traceable stage before `.cache()`: `map` by its
 function, `select` by its fields, `assemble` by its factory and `drop_last`. `shuffle` is left out on
-purpose (it only reorders) and logged as a warning; `batch` and `unbatch` are refused.
+purpose (it only reorders) and logged as a warning; `batch` and `unbatch` are refused. Lambdas and local
+closures are accepted: their code and captured values are fingerprinted when `.cache()` is called
+(`frozen_identities`), as mvp-dataset does at `snapshot()`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import fsspec
 
 from shardcache.errors import CacheError, ConfigError
 from shardcache.shards import has_protocol, local_path
-from shardcache.snapshots.fingerprint import Fingerprinter, check_stable_callable
+from shardcache.snapshots.fingerprint import Fingerprinter, fingerprint_of, is_local
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +33,15 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
-def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True, identified: bool = False) -> None:
+def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True) -> None:
     """Check that the stages before `.cache()` can be cached; log the shuffle trade-off.
 
     Args:
         stages: The stage specs before the cache boundary (each with `.kind`).
         warn: Log a warning for each `shuffle` (off when re-checking at iteration time).
-        identified: A `fingerprint_provider` names the entry, so stage callables need no stable identity.
 
     Raises:
-        ConfigError: A `batch`/`unbatch` stage, or a lambda or local closure in `map`/`assemble`.
+        ConfigError: A `batch`/`unbatch` stage, or a stage kind that cannot go into a cache.
     """
     for stage in stages:
         kind = stage.kind
@@ -49,13 +50,7 @@ def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True, identified: 
                 f".{kind}() before .cache() is not supported: the cache stores samples, not batches. "
                 f"Move .{kind}() after .cache()"
             )
-        if kind in ("map", "assemble") and identified:
-            continue
-        if kind == "map":
-            check_stable_callable(stage.fn, f"map({_name(stage.fn)})")
-        elif kind == "assemble":
-            check_stable_callable(stage.factory, f"assemble({_name(stage.factory)})")
-        elif kind == "shuffle" and warn:
+        if kind == "shuffle" and warn:
             logger.warning(
                 "shuffle(buffer_size=%s) before .cache() is materialised once: every epoch reads the cached "
                 "order, and the shuffle is not part of the cache fingerprint (changing it reuses the entry). "
@@ -66,14 +61,32 @@ def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True, identified: 
             raise ConfigError(f"stage {kind!r} before .cache() is not supported")
 
 
-def _stage_token(stage: Any) -> tuple[Any, ...] | None:
+def _callable_of(stage: Any) -> Any:
+    return stage.fn if stage.kind == "map" else stage.factory if stage.kind == "assemble" else None
+
+
+def frozen_identities(stages: Sequence[Any]) -> tuple[str | None, ...]:
+    """The fingerprints, taken now, of the lambdas and local closures of `stages` (None for the others).
+
+    `.cache()` calls it when it is called: a closure's captured values (a counter, a list it appends to)
+    change while the pipeline runs, and would otherwise rename the entry on every pass. Module-level
+    callables are fingerprinted at each build instead, so editing a global they read rebuilds the entry.
+    """
+    return tuple(
+        fingerprint_of(fn) if (fn := _callable_of(stage)) is not None and is_local(fn) else None
+        for stage in stages
+    )
+
+
+def _stage_token(stage: Any, frozen: str | None = None) -> tuple[Any, ...] | None:
     kind = stage.kind
     if kind == "map":
-        return ("map", stage.fn)
+        return ("map", stage.fn) if frozen is None else ("map", "frozen", frozen)
     if kind == "select":
         return ("select", tuple(stage.fields))
     if kind == "assemble":
-        return ("assemble", stage.factory, bool(stage.drop_last))
+        factory = stage.factory if frozen is None else ("frozen", frozen)
+        return ("assemble", factory, bool(stage.drop_last))
     if kind == "cache":
         return ("cache",)
     return None  # shuffle: reorders only, deliberately not part of the fingerprint
@@ -152,12 +165,15 @@ def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]
         ) from exc
 
 
-def plan_fingerprint(source: Any, stages: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+def plan_fingerprint(
+    source: Any, stages: Sequence[Any], frozen: Sequence[str | None] = ()
+) -> tuple[str, dict[str, Any]]:
     """The fingerprint of a pre-cache pipeline, and a description of it for `shardcache cache ls`.
 
     Args:
         source: The pipeline's source spec (`kind`, `shards`, `options`).
         stages: The stage specs before the cache boundary.
+        frozen: `frozen_identities(stages)` as taken by `.cache()` (empty: none frozen).
     """
     fingerprinter = Fingerprinter()
     fingerprinter.add(("shardcache.snapshots", LAYOUT_VERSION, source.kind))
@@ -168,8 +184,8 @@ def plan_fingerprint(source: Any, stages: Sequence[Any]) -> tuple[str, dict[str,
     for ref, version in zip(source.shards, versions, strict=True):
         fingerprinter.add((ref.url, ref.size, ref.checksum, version))
     described = []
-    for stage in stages:
-        token = _stage_token(stage)
+    for i, stage in enumerate(stages):
+        token = _stage_token(stage, frozen[i] if i < len(frozen) else None)
         describe = getattr(stage, "describe", None)
         described.append(describe() if callable(describe) else stage.kind)
         if token is not None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardcache.context import RuntimeContext
+from shardcache.errors import ArgumentTypeError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.parallel import parallel_map
 from shardcache.stages.base import Node, State
@@ -27,6 +28,18 @@ class _StreamNode(Node):
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
+
+
+def dict_samples(samples: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    """`samples`, each checked to be a dict: a snapshot row is a dict of fields (mvp's TypeError)."""
+    for sample in samples:
+        if not isinstance(sample, dict):
+            raise ArgumentTypeError(
+                f".cache()/.snapshot(): expected dict sample, got {type(sample).__name__}; the stages "
+                "before the snapshot must yield dicts of fields (map to a dict, or move the stage after it)",
+                code="InvalidSnapshotSample",
+            )
+        yield sample
 
 
 def iterate_part(

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, InvalidPredicate
 from shardcache.sources.base import SourceNode, check_columns_and_batch_size
 from shardcache.sources.lance_access import lance_module, storage_options_for
 from shardcache.sources.lance_order import (
@@ -43,7 +43,7 @@ from shardcache.sources.lance_order import (
     row_sequence,
 )
 from shardcache.sources.lance_refs import parse_ref_columns
-from shardcache.sources.lance_rows import LanceRows, positions
+from shardcache.sources.lance_rows import ROW_ADDRESS, LanceRows, positions
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
@@ -93,7 +93,7 @@ def check_daemon(daemon: Any) -> None:
 
 
 def check_filter(value: Any) -> None:
-    """`hints.filter`: alternatives (OR) of conjunctions (AND) of Lance SQL predicates (`filter()`)."""
+    """`hints.filter`: groups (ANDed, one per `filter()` call) of Lance SQL predicates (ORed)."""
     ok = isinstance(value, tuple) and bool(value)
     ok = ok and all(
         isinstance(alt, tuple) and alt and all(isinstance(p, str) and p.strip() for p in alt) for alt in value
@@ -104,9 +104,32 @@ def check_filter(value: Any) -> None:
         )
 
 
-def filter_sql(alternative: Sequence[str]) -> str:
-    """One alternative's predicates joined with AND."""
-    return " AND ".join(f"({p})" for p in alternative)
+def filter_rows(ds: Any, uri: str, groups: Sequence[Sequence[str]]) -> Any:
+    """The positions (`take` rows) of dataset `ds` matching every group of `hints.filter`.
+
+    Each predicate is scanned on its own with Lance's scalar indexes (as mvp-dataset does: an OR of
+    indexed predicates stays indexed), the matches of a group united, the groups intersected. A predicate
+    Lance refuses raises InvalidPredicate naming it, also on a dataset with no fragment (no row to read, but
+    the predicate is still checked against the schema).
+    """
+    kept = None
+    for group in groups:
+        found = []
+        for predicate in group:
+            try:
+                scanner = ds.scanner(
+                    filter=predicate, columns=[], with_row_address=True, use_scalar_index=True
+                )
+                addresses = scanner.to_table()[ROW_ADDRESS].to_numpy()
+            except (ValueError, OSError) as exc:  # lance's error for a bad predicate (type varies)
+                raise InvalidPredicate(
+                    f"filter({predicate!r}) on {uri}: Lance cannot evaluate it: {exc}",
+                    code="InvalidLanceFilter",
+                ) from exc
+            found.append(positions(ds, addresses) if len(addresses) else np.zeros(0, dtype=np.int64))
+        matched = np.unique(np.concatenate(found))
+        kept = matched if kept is None else np.intersect1d(kept, matched)
+    return np.zeros(0, dtype=np.int64) if kept is None else kept
 
 
 @dataclass(frozen=True)
@@ -154,8 +177,13 @@ class LanceSource(SourceNode):
             self._datasets, [ref.url for ref in self.spec.shards], self.spec.hints.row_metadata
         )
         self._sizes = self._rows.sizes
+        # Only random_scan reads by fragment: listing fragments costs a manifest walk per dataset.
+        random_scan = self.options.shuffle_mode == "random_scan"
         self._fragments = [
-            (d, f.fragment_id) for d, ds in enumerate(self._datasets) for f in ds.get_fragments()
+            (d, f.fragment_id)
+            for d, ds in enumerate(self._datasets)
+            if random_scan
+            for f in ds.get_fragments()
         ]
         self.mode = self.options.shuffle_mode
         self._starts = self._rows.starts
@@ -265,18 +293,16 @@ class LanceSource(SourceNode):
 
     def _row_space(self) -> Any:
         """The global row positions this source reads (filter, then subset), or None for every row."""
-        alternatives = self.spec.hints.filter
+        groups = self.spec.hints.filter
         subset = self.spec.hints.subset
-        if alternatives is None and subset is None:
+        if groups is None and subset is None:
             return None
-        if alternatives is None:
+        if groups is None:
             space = np.arange(sum(self._sizes), dtype=np.int64)
         else:
-            found = []
-            for d, ds in enumerate(self._datasets):
-                for alternative in alternatives:
-                    scanner = ds.scanner(filter=filter_sql(alternative), columns=[], with_row_address=True)
-                    addresses = scanner.to_table()["_rowaddr"].to_numpy()
-                    found.append(positions(ds, addresses) + self._starts[d])
-            space = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+            uris = [ref.url for ref in self.spec.shards]
+            found = [
+                filter_rows(ds, uris[d], groups) + self._starts[d] for d, ds in enumerate(self._datasets)
+            ]
+            space = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
         return space[select_rows(len(space), subset)] if subset else space

@@ -97,13 +97,15 @@ def check_index(index: Any) -> None:
         return
     if not isinstance(index, Mapping):
         raise ConfigError(
-            f"resolve_ref(index={index!r}): expected None or a dict of build_strategy, bucket_count"
+            f"resolve_ref(index={index!r}): expected None or a dict of build_strategy, bucket_count",
+            code="InvalidLanceRefIndexConfig",
         )
     unknown = sorted(str(key) for key in index if key not in ("build_strategy", "bucket_count"))
     if unknown:
         raise ConfigError(
             f"resolve_ref(index=...): unknown config key(s) {', '.join(unknown)}; accepted: build_strategy, "
-            "bucket_count"
+            "bucket_count",
+            code="InvalidLanceRefIndexConfig",
         )
     strategy = index.get("build_strategy")
     if strategy is not None and strategy not in BUILD_STRATEGIES:

@@ -79,15 +79,9 @@ def order_neutral(kind: str, name: str, value: Any) -> bool:
     (`sources.lance_order`).
     """
     if kind == "lance":
-        # row_metadata=False is set only by the `.cache()` read-back, whose rows keep the metadata they
-        # were written with; it stays out so that states taken after `.cache()` keep their fingerprint.
         # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's
         # own description carries the references it resolves.
-        return (
-            (name == "row_metadata" and value is False)
-            or name == "ref_columns"
-            or fingerprint_neutral(name, value)
-        )
+        return name == "ref_columns" or fingerprint_neutral(name, value)
     if name == "shuffle_mode":
         return kind in SHUFFLE_MODES and value == SHUFFLE_MODES[kind][0]
     if kind == "parquet":

@@ -45,7 +45,8 @@ def normalize_fractions(fractions: Any) -> tuple[float, ...]:
     """Fractions scaled to sum to 1; ConfigError for an empty list or a non-positive or non-finite value."""
     if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence) or not fractions:
         raise ConfigError(
-            f"fractions={fractions!r}: expected a non-empty list of positive numbers, e.g. [0.8, 0.2]"
+            f"fractions={fractions!r}: expected a non-empty list of positive numbers, e.g. [0.8, 0.2]",
+            code="InvalidSplitFractions",
         )
     values: list[float] = []
     for value in fractions:
@@ -56,7 +57,8 @@ def normalize_fractions(fractions: Any) -> tuple[float, ...]:
             or value <= 0
         ):
             raise ConfigError(
-                f"fractions={list(fractions)!r}: every fraction must be a positive finite number"
+                f"fractions={list(fractions)!r}: every fraction must be a positive finite number",
+                code="InvalidSplitFractions",
             )
         values.append(float(value))
     total = sum(values)
@@ -72,7 +74,8 @@ def sample_step(fraction: Any, seed: Any) -> Step:
     """The step keeping a `fraction` in (0, 1] of the units, chosen from `seed`."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(
-            f"fraction={fraction!r}: expected a number in (0, 1] (sampling is without replacement)"
+            f"fraction={fraction!r}: expected a number in (0, 1] (sampling is without replacement)",
+            code="InvalidSampleFraction",
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r}: expected an int")
@@ -276,7 +279,8 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list
     if units and not kept:
         raise ConfigError(
             f"{kind}: the subset {describe_subset(subset)} keeps none of the {len(units)} row groups; "
-            "use a larger fraction or write smaller row groups"
+            "use a larger fraction or write smaller row groups",
+            code="InsufficientSubsetUnits",
         )
     return kept
 
@@ -287,7 +291,8 @@ def select_shards(kind: str, shards: Sequence[Any], step: Step) -> tuple[Any, ..
     if not kept:
         raise ConfigError(
             f"{kind}: {describe_subset((step,))} keeps none of the {len(shards)} shards (a {kind} subset is "
-            "whole shards); use a larger fraction or more, smaller shards"
+            "whole shards); use a larger fraction or more, smaller shards",
+            code="InsufficientSubsetUnits",
         )
     return kept
 

@@ -14,6 +14,9 @@ from shardcache.errors import ConfigError
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node
 
+SNAPSHOT_SUBSET = "subset"
+"""The option holding a split()/sample() step of the snapshot's own rows (`shardcache.pipeline.subsets`)."""
+
 
 @dataclass(frozen=True)
 class CacheStage:
