@@ -181,20 +181,26 @@ class RuntimeContext:
 
     def __init__(
         self,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         local_rank: int | None = None,
         local_world_size: int | None = None,
         node_rank: int | None = None,
         num_nodes: int | None = None,
-        worker_id: int = 0,
-        num_workers: int = 1,
+        worker_id: int | None = None,
+        num_workers: int | None = None,
         epoch: int = 0,
         seed: int = 0,
         mesh: DataLoadMesh | None = None,
     ) -> None:
-        rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
-        worker_id, num_workers = _as_int("worker_id", worker_id), _as_int("num_workers", num_workers)
+        # Whether this context names its reader (see `places_reader`); left out, the defaults below apply.
+        placement = (rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
+        given = any(value is not None for value in (*placement, worker_id, num_workers))
+        object.__setattr__(self, "_places_reader", given)
+        rank = 0 if rank is None else _as_int("rank", rank)
+        world_size = 1 if world_size is None else _as_int("world_size", world_size)
+        worker_id = 0 if worker_id is None else _as_int("worker_id", worker_id)
+        num_workers = 1 if num_workers is None else _as_int("num_workers", num_workers)
         epoch, seed = _as_int("epoch", epoch), _as_int("seed", seed)
         _check_range("world_size", world_size, 1)
         _check_range("rank", rank, 0, world_size, "world_size")
@@ -261,9 +267,26 @@ class RuntimeContext:
         """Seed of sample-level shuffles in this slot (TP co-members share it)."""
         return self.seed + self.slot
 
+    @property
+    def places_reader(self) -> bool:
+        """Whether this context names its reader: any of rank, world_size, the node layout, worker_id or
+        num_workers was given. One that gives only seed, epoch or mesh (`RuntimeContext(seed=7)`) leaves
+        the reader to the runtime: `resolve()` takes rank and workers from torch and the environment at
+        iteration, as mvp-dataset does, so a seeded context in a DDP job still shards across the ranks."""
+        return bool(self.__dict__.get("_places_reader", True))
+
+    def resolve(self) -> RuntimeContext:
+        """The context a reader uses: this one (with the torch DataLoader worker running it) when it places
+        its reader, else the runtime's rank and workers with this context's seed, epoch and mesh."""
+        if self.places_reader:
+            return self.in_current_worker()
+        return RuntimeContext.from_runtime(base=self)
+
     def with_epoch(self, epoch: int) -> RuntimeContext:
-        """The same context at another epoch."""
-        return replace(self, epoch=epoch)
+        """The same context at another epoch (a seed-only context stays one: see `places_reader`)."""
+        moved = replace(self, epoch=epoch)
+        object.__setattr__(moved, "_places_reader", self.places_reader)
+        return moved
 
     def in_current_worker(self) -> RuntimeContext:
         """This context with worker_id/num_workers from the torch DataLoader worker running it, if any.

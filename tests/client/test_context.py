@@ -304,3 +304,47 @@ def test_dataset_context_is_inferred_without_one(tars: list[str], monkeypatch: p
     ds = Dataset.from_source("tars", tars, daemon=None)
     assert ds.context == RuntimeContext.from_runtime(env=TORCHRUN_2X4)
     assert (ds.context.rank, ds.context.node_rank, ds.context.num_nodes) == (5, 1, 2)
+
+
+def test_a_seed_only_context_takes_its_rank_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tars = make_tars(tmp_path / "t", 4, 3)
+    rank1 = keys(
+        Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(rank=1, world_size=2, seed=5))
+    )
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seeded = Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(seed=5))
+    assert keys(seeded) == rank1
+    assert (seeded.context.rank, seeded.context.world_size, seeded.context.seed) == (1, 2, 5)
+
+
+def test_a_context_that_names_its_reader_ignores_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tars = make_tars(tmp_path / "t", 4, 3)
+    whole = keys(Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(seed=5)))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    named = Dataset.from_source(
+        "tars", tars, daemon=None, context=RuntimeContext(rank=0, world_size=1, seed=5)
+    )
+    assert keys(named) == whole
+    assert named.context.world_size == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "places"),
+    [({}, False), ({"seed": 3, "epoch": 1}, False), ({"rank": 0}, True), ({"num_workers": 2}, True)],
+)
+def test_places_reader_is_whether_a_rank_or_worker_field_was_given(
+    given: dict[str, int], places: bool
+) -> None:
+    assert RuntimeContext(**given).places_reader is places  # type: ignore[arg-type]
+
+
+def test_a_seed_only_context_stays_one_across_epochs_and_pickling() -> None:
+    ctx = RuntimeContext(seed=3)
+    assert not ctx.with_epoch(2).places_reader
+    assert not pickle.loads(pickle.dumps(ctx)).places_reader

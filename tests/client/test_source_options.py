@@ -316,3 +316,19 @@ def test_none_resumes_with_even_and_with_resample(tars: list[str], parquet: list
     second = make()
     second.load_state_dict(state)
     assert head + keys(itertools.islice(iter(second), 31)) == full
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        ("tars", "UnsupportedTarShuffleMode"),
+        ("jsonl", "UnsupportedJsonlShuffleMode"),
+        ("parquet", "UnsupportedParquetShuffleMode"),
+    ],
+)
+def test_a_global_shuffle_mode_of_a_shard_kind_carries_mvps_error_code(
+    tmp_path: Path, kind: str, code: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"^\[{code}\] shuffle_mode='global'") as raised:
+        Dataset.from_source(kind, str(tmp_path / "x"), daemon=None, shuffle_mode="global")
+    assert raised.value.code == code

@@ -82,10 +82,11 @@ class PipelineSpec:
         return PipelineSpec(source, self.stages)
 
     def resolve_context(self, context: RuntimeContext | None, epoch: int | None) -> RuntimeContext:
-        """The context an iteration uses: explicit (`context`, else the source's; adjusted to the torch
-        worker running it) or inferred from torch and the environment; with `epoch` when set."""
+        """The context an iteration uses: explicit (`context`, else the source's; `RuntimeContext.resolve`:
+        as given when it names its reader, adjusted to the torch worker running it; a seed-only context takes
+        its rank from the runtime) or inferred from torch and the environment; with `epoch` when set."""
         explicit = context if context is not None else self.source.context
-        ctx = explicit.in_current_worker() if explicit is not None else RuntimeContext.from_runtime()
+        ctx = explicit.resolve() if explicit is not None else RuntimeContext.from_runtime()
         return ctx if epoch is None else ctx.with_epoch(epoch)
 
     def source_node(self, ctx: RuntimeContext) -> SourceNode:

@@ -56,7 +56,9 @@ def check_options(options: dict[str, Any]) -> None:
     """Validate the lance keyword arguments."""
     mode = options.get("shuffle_mode", "none")
     if mode not in SHUFFLE_MODES:
-        raise ConfigError(f"shuffle_mode={mode!r}: expected one of {SHUFFLE_MODES}")
+        raise ConfigError(
+            f"shuffle_mode={mode!r}: expected one of {SHUFFLE_MODES}", code="InvalidLanceShuffleMode"
+        )
     check_columns_and_batch_size(options)
     check_read_batch_size(options)
     check_chunk_shuffle(options)

@@ -51,6 +51,14 @@ SHUFFLE_MODES: dict[str, tuple[str, ...]] = {
 }
 
 
+# mvp-dataset's error code of a refused shuffle_mode, per kind.
+SHUFFLE_MODE_CODES = {
+    "tars": "UnsupportedTarShuffleMode",
+    "jsonl": "UnsupportedJsonlShuffleMode",
+    "parquet": "UnsupportedParquetShuffleMode",
+}
+
+
 def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
     """Validate `shuffle_mode` for a shard kind, naming the values it accepts."""
     modes = SHUFFLE_MODES.get(kind)
@@ -61,7 +69,8 @@ def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
         hint = " ('global' is not supported for this kind, as in mvp-dataset)" if mode == "global" else ""
         raise ConfigError(
             f"shuffle_mode={mode!r}: {kind} accepts {' or '.join(map(repr, modes))}{hint}; "
-            f"the default {modes[0]!r} shuffles the units per epoch, 'none' keeps source order"
+            f"the default {modes[0]!r} shuffles the units per epoch, 'none' keeps source order",
+            code=SHUFFLE_MODE_CODES[kind],
         )
 
 
