@@ -12,6 +12,7 @@ The expected members are worked out by hand from mvp-dataset's rules (in `shardc
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from pathlib import Path
@@ -113,6 +114,35 @@ def test_lance_sample_keeps_mvps_rows(five: Five) -> None:
 def test_lance_sample_under_global_shuffle_keeps_the_same_rows(five: Five) -> None:
     ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global").sample(0.1, seed=0)
     assert units_read(five, "lance", ds) == [9, 22, 24, 31, 42]
+
+
+def lance_ids(ds: Dataset, **ctx: Any) -> list[int]:
+    return sorted(int(s["id"]) for s in ds.iter_context(RuntimeContext(**ctx)))
+
+
+def test_lance_split_under_global_shuffle_follows_the_context_seed(five: Five) -> None:
+    ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global")
+    seed7, seed13 = lance_ids(ds.split([0.8, 0.2])[0], seed=7), lance_ids(ds.split([0.8, 0.2])[0], seed=13)
+    assert len(seed7) == len(seed13) == 40
+    assert seed7 != seed13
+
+
+def test_lance_split_under_global_shuffle_keeps_disjoint_parts_in_every_epoch_and_round(five: Five) -> None:
+    ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global", resample=True)
+    train, val = ds.split([4, 1])
+
+    def first_ids(ds: Dataset, count: int, **ctx: Any) -> list[int]:
+        return [int(s["id"]) for s in itertools.islice(ds.iter_context(RuntimeContext(**ctx)), count)]
+
+    kept = sorted(first_ids(train, 40, seed=3))  # resample=True: a round is the part's 40 rows
+    rounds = first_ids(train, 120, seed=3, epoch=2)  # three rounds of another epoch: the same 40 rows
+    assert kept == sorted(rounds[:40]) == sorted(rounds[40:80]) == sorted(rounds[80:])
+    assert set(kept).isdisjoint(first_ids(val, 30, seed=3, epoch=1))
+
+
+def test_lance_split_without_shuffle_is_a_source_order_window_whatever_the_seed(five: Five) -> None:
+    first, _ = Dataset.from_source("lance", five.lance50).split([0.8, 0.2])
+    assert lance_ids(first, seed=7) == lance_ids(first, seed=13) == list(range(40))
 
 
 def test_nested_lance_subsets_still_stack(five: Five) -> None:
