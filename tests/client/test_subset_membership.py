@@ -257,3 +257,25 @@ def test_stacked_unit_steps_apply_to_what_the_previous_kept() -> None:
     assert first == [5, 6, 7, 8, 9]
     inner = select([1] * 5, (("sample", 0.4, 0),)).tolist()
     assert select(sizes, (("split", (0.5, 0.5), 1), ("sample", 0.4, 0))).tolist() == [first[i] for i in inner]
+
+
+# -- enough shards for the slots ----------------------------------------------------------------------------
+
+
+def test_a_shard_subset_with_fewer_shards_than_slots_is_refused(five: Five) -> None:
+    ds = Dataset.from_source("jsonl", five.jsonl, context=RuntimeContext(world_size=3))
+    with pytest.raises(ValueError, match=r"\[InsufficientSubsetUnits\].* keeps 2 of the 5 shards"):
+        ds.split([0.6, 0.4])  # 3 and 2 shards: the second part has fewer than 3 slots
+
+
+def test_a_shard_sample_with_fewer_shards_than_slots_is_refused(five: Five) -> None:
+    ds = Dataset.from_source("tars", five.tars, context=RuntimeContext(world_size=2))
+    with pytest.raises(ValueError, match=r"\[InsufficientSubsetUnits\]"):
+        ds.sample(0.2, seed=0)  # one shard for two slots
+
+
+def test_a_shard_subset_with_one_shard_per_slot_is_accepted(five: Five) -> None:
+    ds = Dataset.from_source("jsonl", five.jsonl, context=RuntimeContext(world_size=2))
+    first, second = ds.split([0.6, 0.4])
+    files = [{s["id"] // 100 for s in part.iter_context(RuntimeContext())} for part in (first, second)]
+    assert files == [{0, 1, 2}, {3, 4}]

@@ -298,13 +298,24 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list
     return kept
 
 
-def select_shards(kind: str, shards: Sequence[Any], step: Step) -> tuple[Any, ...]:
-    """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard."""
+def select_shards(kind: str, shards: Sequence[Any], step: Step, min_units: int = 1) -> tuple[Any, ...]:
+    """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard.
+
+    Args:
+        min_units: The fewest shards the subset may keep: the slots (ranks x workers) of the dataset's
+            context, as mvp-dataset requires (a whole-shard subset with fewer shards than slots leaves some
+            slots without data), and at least 1.
+
+    Raises:
+        ConfigError: `[InsufficientSubsetUnits]`, the step keeps fewer than `min_units` shards.
+    """
     kept = tuple(shards[i] for i in select([1] * len(shards), (step,)))
-    if not kept:
+    needed = max(1, min_units)
+    if len(kept) < needed:
+        slots = f", fewer than the {needed} slots (ranks x workers) that read it" if needed > 1 else ""
         raise ConfigError(
-            f"{kind}: {describe_subset((step,))} keeps none of the {len(shards)} shards (a {kind} subset is "
-            "whole shards); use a larger fraction or more, smaller shards",
+            f"{kind}: {describe_subset((step,))} keeps {len(kept)} of the {len(shards)} shards{slots} (a "
+            f"{kind} subset is whole shards); use a larger fraction or more, smaller shards",
             code="InsufficientSubsetUnits",
         )
     return kept
