@@ -335,11 +335,16 @@ class Dataset:
 
     def split(self, fractions: Sequence[float]) -> tuple[Dataset, ...]:
         """Disjoint datasets covering this one, in source order (`shardcache.pipeline.subsets`)."""
-        return tuple(self._derive(spec) for spec in subsets.split(self._spec, fractions))
+        slots = self._subset_slots()
+        return tuple(self._derive(spec) for spec in subsets.split(self._spec, fractions, slots))
 
     def sample(self, fraction: float, *, seed: int = 0) -> Dataset:
         """A seeded subset of `fraction` of the source, without replacement (`pipeline.subsets`)."""
-        return self._derive(subsets.sample(self._spec, fraction, seed))
+        return self._derive(subsets.sample(self._spec, fraction, seed, self._subset_slots()))
+
+    def _subset_slots(self) -> int:
+        # mvp-dataset: a whole-shard subset keeps at least one shard per slot of the dataset's context.
+        return int(self.resolve_context().total_slots)
 
     def filter(self, predicate: str | Sequence[str], *, index: Mapping[str, Any] | None = None) -> Dataset:
         """Lance rows matching a SQL predicate, or any of a list of them (`shardcache.pipeline.subsets`)."""

@@ -248,11 +248,14 @@ def test_chunk_over_a_filter_reads_only_matching_rows_once(one: str) -> None:
     assert_resumes(lambda: chunked(one).filter("v % 3 = 0"), [0, 2, 5], RuntimeContext(seed=6))
 
 
-def test_chunk_over_a_split_keeps_the_split_rows(one: str) -> None:
+def test_chunk_over_a_split_cuts_the_parts_from_the_seeds_chunk_order(one: str) -> None:
     left, right = chunked(one).split([0.5, 0.5])
-    ordered_left, ordered_right = Dataset.from_source("lance", one).split([0.5, 0.5])
-    assert sorted(values(left, seed=1)) == values(ordered_left)
-    assert sorted(values(right, seed=1)) == values(ordered_right)
+    # The parts follow the context seed (as mvp-dataset's do), and keep their rows in every epoch.
+    first = sorted(values(left, seed=1))
+    assert first == sorted(values(left, seed=1, epoch=3))
+    assert sorted(first + values(right, seed=1)) == list(range(ROWS))
+    assert len(first) == round(0.5 * ROWS)
+    assert first != sorted(values(left, seed=2))
 
 
 # -- row metadata ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ The expected members are worked out by hand from mvp-dataset's rules (in `shardc
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from pathlib import Path
@@ -113,6 +114,35 @@ def test_lance_sample_keeps_mvps_rows(five: Five) -> None:
 def test_lance_sample_under_global_shuffle_keeps_the_same_rows(five: Five) -> None:
     ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global").sample(0.1, seed=0)
     assert units_read(five, "lance", ds) == [9, 22, 24, 31, 42]
+
+
+def lance_ids(ds: Dataset, **ctx: Any) -> list[int]:
+    return sorted(int(s["id"]) for s in ds.iter_context(RuntimeContext(**ctx)))
+
+
+def test_lance_split_under_global_shuffle_follows_the_context_seed(five: Five) -> None:
+    ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global")
+    seed7, seed13 = lance_ids(ds.split([0.8, 0.2])[0], seed=7), lance_ids(ds.split([0.8, 0.2])[0], seed=13)
+    assert len(seed7) == len(seed13) == 40
+    assert seed7 != seed13
+
+
+def test_lance_split_under_global_shuffle_keeps_disjoint_parts_in_every_epoch_and_round(five: Five) -> None:
+    ds = Dataset.from_source("lance", five.lance50, shuffle_mode="global", resample=True)
+    train, val = ds.split([4, 1])
+
+    def first_ids(ds: Dataset, count: int, **ctx: Any) -> list[int]:
+        return [int(s["id"]) for s in itertools.islice(ds.iter_context(RuntimeContext(**ctx)), count)]
+
+    kept = sorted(first_ids(train, 40, seed=3))  # resample=True: a round is the part's 40 rows
+    rounds = first_ids(train, 120, seed=3, epoch=2)  # three rounds of another epoch: the same 40 rows
+    assert kept == sorted(rounds[:40]) == sorted(rounds[40:80]) == sorted(rounds[80:])
+    assert set(kept).isdisjoint(first_ids(val, 30, seed=3, epoch=1))
+
+
+def test_lance_split_without_shuffle_is_a_source_order_window_whatever_the_seed(five: Five) -> None:
+    first, _ = Dataset.from_source("lance", five.lance50).split([0.8, 0.2])
+    assert lance_ids(first, seed=7) == lance_ids(first, seed=13) == list(range(40))
 
 
 def test_nested_lance_subsets_still_stack(five: Five) -> None:
@@ -227,3 +257,25 @@ def test_stacked_unit_steps_apply_to_what_the_previous_kept() -> None:
     assert first == [5, 6, 7, 8, 9]
     inner = select([1] * 5, (("sample", 0.4, 0),)).tolist()
     assert select(sizes, (("split", (0.5, 0.5), 1), ("sample", 0.4, 0))).tolist() == [first[i] for i in inner]
+
+
+# -- enough shards for the slots ----------------------------------------------------------------------------
+
+
+def test_a_shard_subset_with_fewer_shards_than_slots_is_refused(five: Five) -> None:
+    ds = Dataset.from_source("jsonl", five.jsonl, context=RuntimeContext(world_size=3))
+    with pytest.raises(ValueError, match=r"\[InsufficientSubsetUnits\].* keeps 2 of the 5 shards"):
+        ds.split([0.6, 0.4])  # 3 and 2 shards: the second part has fewer than 3 slots
+
+
+def test_a_shard_sample_with_fewer_shards_than_slots_is_refused(five: Five) -> None:
+    ds = Dataset.from_source("tars", five.tars, context=RuntimeContext(world_size=2))
+    with pytest.raises(ValueError, match=r"\[InsufficientSubsetUnits\]"):
+        ds.sample(0.2, seed=0)  # one shard for two slots
+
+
+def test_a_shard_subset_with_one_shard_per_slot_is_accepted(five: Five) -> None:
+    ds = Dataset.from_source("jsonl", five.jsonl, context=RuntimeContext(world_size=2))
+    first, second = ds.split([0.6, 0.4])
+    files = [{s["id"] // 100 for s in part.iter_context(RuntimeContext())} for part in (first, second)]
+    assert files == [{0, 1, 2}, {3, 4}]

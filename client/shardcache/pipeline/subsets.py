@@ -25,7 +25,7 @@ from shardcache.stages import CacheStage
 from shardcache.stages.cache import SNAPSHOT_SUBSET
 
 
-def _derive(spec: PipelineSpec, step: Step, what: str) -> PipelineSpec:
+def _derive(spec: PipelineSpec, step: Step, what: str, min_units: int) -> PipelineSpec:
     source = spec.source
     if source.kind not in KINDS:
         raise ConfigError(
@@ -37,7 +37,7 @@ def _derive(spec: PipelineSpec, step: Step, what: str) -> PipelineSpec:
         return _derive_snapshot(spec, step, what)
     shards = source.shards
     if source.kind in SHARD_LEVEL:
-        shards = select_shards(source.kind, shards, step)
+        shards = select_shards(source.kind, shards, step, min_units)
     subset = (*(source.hints.subset or ()), step)
     return spec.with_source(replace(source, shards=tuple(shards), hints=replace(source.hints, subset=subset)))
 
@@ -60,15 +60,20 @@ def _derive_snapshot(spec: PipelineSpec, step: Step, what: str) -> PipelineSpec:
     return spec.with_stages((*spec.stages[:-1], chosen))
 
 
-def split(spec: PipelineSpec, fractions: Any) -> tuple[PipelineSpec, ...]:
-    """`Dataset.split`: one pipeline per fraction, disjoint, together covering `spec`'s source."""
+def split(spec: PipelineSpec, fractions: Any, min_units: int = 1) -> tuple[PipelineSpec, ...]:
+    """`Dataset.split`: one pipeline per fraction, disjoint, together covering `spec`'s source.
+
+    `min_units`: the fewest shards a part of a tars or jsonl source may keep (`select_shards`).
+    """
     parts = normalize_fractions(fractions)
-    return tuple(_derive(spec, ("split", parts, i), f"split({fractions!r})") for i in range(len(parts)))
+    what = f"split({fractions!r})"
+    return tuple(_derive(spec, ("split", parts, i), what, min_units) for i in range(len(parts)))
 
 
-def sample(spec: PipelineSpec, fraction: Any, seed: Any = 0) -> PipelineSpec:
+def sample(spec: PipelineSpec, fraction: Any, seed: Any = 0, min_units: int = 1) -> PipelineSpec:
     """`Dataset.sample`: a seeded subset of about `fraction` of the source (exact for lance)."""
-    return _derive(spec, sample_step(fraction, seed), f"sample({fraction!r}, seed={seed!r})")
+    what = f"sample({fraction!r}, seed={seed!r})"
+    return _derive(spec, sample_step(fraction, seed), what, min_units)
 
 
 def _predicates(predicate: Any) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from shardcache.snapshots.identity import frozen_identities
 from shardcache.sources import SourceSpec
 from shardcache.sources.options import PlanHints
 from shardcache.stages import CacheStage, Stage, builders
-from shardcache.stages.cache import SNAPSHOT_SUBSET
+from shardcache.stages.cache import SNAPSHOT_IDENTITY, SNAPSHOT_SUBSET
 
 CACHE_DEFAULTS: dict[str, Any] = {
     "cache_dir": ".cache",
@@ -75,7 +75,10 @@ def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuild
     options = dict(cache.options)
     subset = options.pop(SNAPSHOT_SUBSET, None)  # split()/sample() of the snapshot (`pipeline.subsets`)
     path = materialise(spec.with_stages(spec.stages[:last]), ctx, options, build_nodes)
-    # row_metadata=False: the cached rows keep the metadata of the samples written (see sources.lance_rows).
-    hints = PlanHints(row_metadata=False, subset=subset or None)
+    # `.cache()` rows keep the metadata of the samples written (row_metadata=False, see
+    # sources.lance_rows); snapshot() rows get the metadata of the snapshot's own dataset, as in mvp-dataset
+    # (the upstream's was stored as __source_key__/__source_file__).
+    fresh_metadata = options.get(SNAPSHOT_IDENTITY) is not None
+    hints = PlanHints(row_metadata=fresh_metadata, subset=subset or None)
     lance = SourceSpec("lance", (ShardRef(path),), {"shuffle_mode": "none"}, None, None, hints)
     return PipelineSpec(lance, spec.stages[last + 1 :])

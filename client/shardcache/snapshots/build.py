@@ -29,10 +29,16 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import CacheError, ConfigError
+from shardcache.formatting import callable_name
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
-from shardcache.snapshots.identity import plan_fingerprint, provided_fingerprint, validate_pre_cache
-from shardcache.snapshots.pipeline import dict_samples, iterate_part
+from shardcache.snapshots.identity import (
+    describe_plan,
+    plan_fingerprint,
+    provided_fingerprint,
+    validate_pre_cache,
+)
+from shardcache.snapshots.pipeline import dict_samples, iterate_part, source_metadata_aliased
 from shardcache.snapshots.store import (
     DATA,
     DATASET_MARKER,
@@ -63,6 +69,9 @@ class CacheOptions:
         fingerprint_provider: `snapshot(fingerprint_provider=...)`: names the entry instead of the plan.
         frozen: Set by `.cache()`, not a user option: the fingerprints of the lambdas and local closures
             before the boundary, taken when `.cache()` was called (`identity.frozen_identities`).
+        snapshot: Set by `snapshot()`, not a user option: the entry's name, fixed when `snapshot()` was
+            called (the source is not read again), with mvp-dataset's snapshot rows
+            (`pipeline.source_metadata_aliased`).
     """
 
     cache_dir: str | os.PathLike[str] | None = None
@@ -72,6 +81,7 @@ class CacheOptions:
     cache_timeout: float | None = None
     fingerprint_provider: Callable[[], str] | None = None
     frozen: tuple[str | None, ...] = ()
+    snapshot: str | None = None
 
     def __post_init__(self) -> None:
         if self.fingerprint_provider is not None and not callable(self.fingerprint_provider):
@@ -136,7 +146,12 @@ def materialise(
         raise ConfigError(
             ".cache() after a resampling source (resample=True) would never finish; drop resample"
         )
-    if provider is not None:
+    if opts.snapshot is not None:
+        # Named when snapshot() was called: a complete entry is read without touching the source.
+        fingerprint = opts.snapshot
+        shown = {"fingerprint_provider": callable_name(provider)} if provider is not None else {}
+        description = describe_plan(pre.source, pre.stages, snapshot=True, **shown)
+    elif provider is not None:
         fingerprint, description = provided_fingerprint(provider, pre.source, pre.stages)
     else:
         fingerprint, description = plan_fingerprint(pre.source, pre.stages, opts.frozen)
@@ -218,6 +233,8 @@ def _build_part(
         rank=index, world_size=slots, num_nodes=context.node_groups, seed=context.seed
     )
     rows = dict_samples(iterate_part(pre, part_context, opts.cache_num_workers, build_nodes))
+    if opts.snapshot is not None:
+        rows = source_metadata_aliased(rows)
     result = write_rows(
         rows,
         str(tmp / DATA),

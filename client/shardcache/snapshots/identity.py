@@ -183,21 +183,35 @@ def plan_fingerprint(
     versions = shard_versions(urls, source.kind)
     for ref, version in zip(source.shards, versions, strict=True):
         fingerprinter.add((ref.url, ref.size, ref.checksum, version))
-    described = []
     for i, stage in enumerate(stages):
         token = _stage_token(stage, frozen[i] if i < len(frozen) else None)
-        describe = getattr(stage, "describe", None)
-        described.append(describe() if callable(describe) else stage.kind)
         if token is not None:
             fingerprinter.add(token)
-    description = {
+    return fingerprinter.hexdigest(), describe_plan(source, stages)
+
+
+def describe_plan(source: Any, stages: Sequence[Any], **extra: Any) -> dict[str, Any]:
+    """What `shardcache cache ls` shows of an entry: the source, its shards, the stages (no I/O)."""
+    return {
         "source": source.kind,
-        "shards": len(urls),
-        "first_shard": urls[0] if urls else None,
-        "stages": described,
+        "shards": len(source.shards),
+        "first_shard": source.shards[0].url if source.shards else None,
+        "stages": [stage.describe() if hasattr(stage, "describe") else stage.kind for stage in stages],
+        **extra,
         "created": time.time(),
     }
-    return fingerprinter.hexdigest(), description
+
+
+def snapshot_entry_name(identity: str) -> str:
+    """The entry name of a `snapshot()` whose upstream is named `identity` (a plan or provided fingerprint).
+
+    A snapshot's rows differ from `.cache()`'s for the same pipeline (upstream `__key__`/`__file__` are
+    stored as `__source_key__`/`__source_file__`), so the two must not share an entry.
+    """
+    fingerprinter = Fingerprinter()
+    fingerprinter.add(("shardcache.snapshots", LAYOUT_VERSION, "snapshot-rows", "source-metadata-aliased"))
+    fingerprinter.add(identity)
+    return fingerprinter.hexdigest()
 
 
 def provided_fingerprint(provider: Any, source: Any, stages: Sequence[Any]) -> tuple[str, dict[str, Any]]:
@@ -216,12 +230,4 @@ def provided_fingerprint(provider: Any, source: Any, stages: Sequence[Any]) -> t
         )
     fingerprinter = Fingerprinter()
     fingerprinter.add(("shardcache.snapshots", LAYOUT_VERSION, "provided", value))
-    description = {
-        "source": source.kind,
-        "shards": len(source.shards),
-        "first_shard": source.shards[0].url if source.shards else None,
-        "stages": [stage.describe() if hasattr(stage, "describe") else stage.kind for stage in stages],
-        "fingerprint_provider": value,
-        "created": time.time(),
-    }
-    return fingerprinter.hexdigest(), description
+    return fingerprinter.hexdigest(), describe_plan(source, stages, fingerprint_provider=value)

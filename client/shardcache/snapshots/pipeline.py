@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ArgumentTypeError
+from shardcache.errors import ArgumentTypeError, ConfigError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.parallel import parallel_map
 from shardcache.stages.base import Node, State
@@ -40,6 +40,36 @@ def dict_samples(samples: Iterator[Any]) -> Iterator[dict[str, Any]]:
                 code="InvalidSnapshotSample",
             )
         yield sample
+
+
+# mvp-dataset's snapshot rows: the upstream's provenance under new names (the snapshot's own Lance source
+# assigns `__key__` and `__file__` when it is read), and its row indexes dropped (the snapshot renumbers).
+SOURCE_METADATA_ALIASES = {"__key__": "__source_key__", "__file__": "__source_file__"}
+REPLACED_METADATA = ("__local_index__", "__global_index__")
+
+
+def source_metadata_aliased(samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """`samples` as `snapshot()` stores them: `__key__`/`__file__` renamed, row indexes dropped.
+
+    Raises:
+        ConfigError: a sample holds both a field and its alias (`__key__` and `__source_key__`): one of
+            them would be lost (mvp's `[SnapshotSourceMetadataConflict]`).
+    """
+    for sample in samples:
+        row = dict(sample)  # the upstream's dict is left as it was
+        for name, alias in SOURCE_METADATA_ALIASES.items():
+            if name not in row:
+                continue
+            if alias in row:
+                raise ConfigError(
+                    f"snapshot(): a sample holds both {name!r} and {alias!r}; the snapshot stores the "
+                    f"upstream {name!r} as {alias!r}. Rename or drop one of them before snapshot()",
+                    code="SnapshotSourceMetadataConflict",
+                )
+            row[alias] = row.pop(name)
+        for name in REPLACED_METADATA:
+            row.pop(name, None)
+        yield row
 
 
 def iterate_part(

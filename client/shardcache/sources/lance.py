@@ -307,4 +307,20 @@ class LanceSource(SourceNode):
                 filter_rows(ds, uris[d], groups) + self._starts[d] for d, ds in enumerate(self._datasets)
             ]
             space = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-        return space[select_rows(len(space), subset)] if subset else space
+        return space[select_rows(len(space), subset, self._split_order())] if subset else space
+
+    def _split_order(self) -> Any:
+        """The order a split cuts its windows from: None (source order) unless the source shuffles.
+
+        As in mvp-dataset, a split of a shuffled source follows the source's seed ("source-level shuffle
+        can randomize the physical membership"). The order is the seed's first one (epoch 0, round 0), in
+        every epoch and round: the parts stay disjoint across epochs and resample rounds.
+        """
+        mode = self.options.shuffle_mode
+        if mode == "none":
+            return None
+        # random_scan reads a subset as "global" (see __init__), so its split follows the global order.
+        order_mode = "chunk" if mode == "chunk" else "global"
+        chunking = self.options.chunk_shuffle
+        seed = self.ctx.seed
+        return lambda n: np.asarray(row_sequence(order_mode, n, chunking, seed, 0, 0), dtype=np.int64)

@@ -13,9 +13,12 @@ of 10 rows keeps exactly 8 and 2, ``sample(f)`` keeps exactly ``round(f * rows)`
 
 Membership is mvp-dataset 0.2.3's, member for member: the same arguments over the same units keep the same
 units (`select` for unit sources, `select_rows` for lance rows; the rules are described at `_split_units`,
-`_split_rows`, `_sample_units` and `_sample_rows`). It depends only on the source and the steps, never on the
-ranks, workers, epoch or shuffle seed, so every slot agrees and a resampled subset keeps its members in every
-round.
+`_split_rows`, `_sample_units` and `_sample_rows`). It never depends on the ranks, workers, epoch or resample
+round, so every slot agrees and a resampled subset keeps its members in every round. One input beyond the
+source and the steps, as in mvp-dataset: a Lance split of a shuffled source (`shuffle_mode` "global" or
+"chunk") cuts its windows from the shuffled order of the context seed (`select_rows(split_order=...)`), so
+its rows follow that seed. shardcache takes that order once (epoch 0, round 0), where mvp-dataset takes it
+again each resample round and so moves rows between the parts.
 
 Everything here is pure: `select` and `select_rows` map unit sizes or a row count to the indices kept. The
 `Dataset.split`/`sample`/`filter` features that add a step to a pipeline are `shardcache.pipeline.subsets`.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +37,8 @@ from shardcache.errors import ConfigError
 
 Step = tuple[Any, ...]
 Subset = tuple[Step, ...]
+SplitOrder = Callable[[int], Any]
+"""A shuffled source's row order over n rows (a permutation of ``range(n)``), for `select_rows`."""
 
 # Kinds whose unit is a whole shard: their subsets are cut from the shard list when split()/sample() is
 # called (`select_shards`), so the readers' unit lists (which may depend on the slot count) are untouched.
@@ -243,12 +248,17 @@ def select(sizes: Sequence[float] | np.ndarray, subset: Subset | None) -> np.nda
     return kept
 
 
-def select_rows(count: int, subset: Subset | None) -> np.ndarray:
+def select_rows(count: int, subset: Subset | None, split_order: SplitOrder | None = None) -> np.ndarray:
     """The rows of a row space of `count` rows a subset keeps, ascending: mvp-dataset's row rule (lance).
 
     Splits cut at ``round(cumulative fraction * rows)``; a sample keeps the images of the first
     ``round(fraction * rows)`` positions under the seeded permutation (`permute_positions`). Steps stack,
     each over what the previous kept (mvp-dataset refuses a second Lance step).
+
+    `split_order(n)`, when given, is the order of a shuffled source over `n` rows (a permutation of
+    ``range(n)``): a split then cuts its windows from that order, so its membership follows the source's
+    shuffle seed, as mvp-dataset's does under `shuffle_mode="global"`/`"chunk"`. Samples are seeded by
+    their own `seed` and ignore it.
 
     Example:
         >>> select_rows(5, (("split", (0.5, 0.5), 0),)).tolist()
@@ -257,7 +267,10 @@ def select_rows(count: int, subset: Subset | None) -> np.ndarray:
     kept = np.arange(count, dtype=np.int64)
     for step in subset or ():
         if step[0] == "split":
-            kept = kept[_split_rows(len(kept), step[1], step[2])]
+            window = _split_rows(len(kept), step[1], step[2])
+            if split_order is not None:
+                window = np.sort(np.asarray(split_order(len(kept)), dtype=np.int64)[window])
+            kept = kept[window]
         else:
             kept = kept[_sample_rows(len(kept), step[1], step[2])]
     return kept
@@ -285,13 +298,24 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list
     return kept
 
 
-def select_shards(kind: str, shards: Sequence[Any], step: Step) -> tuple[Any, ...]:
-    """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard."""
+def select_shards(kind: str, shards: Sequence[Any], step: Step, min_units: int = 1) -> tuple[Any, ...]:
+    """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard.
+
+    Args:
+        min_units: The fewest shards the subset may keep: the slots (ranks x workers) of the dataset's
+            context, as mvp-dataset requires (a whole-shard subset with fewer shards than slots leaves some
+            slots without data), and at least 1.
+
+    Raises:
+        ConfigError: `[InsufficientSubsetUnits]`, the step keeps fewer than `min_units` shards.
+    """
     kept = tuple(shards[i] for i in select([1] * len(shards), (step,)))
-    if not kept:
+    needed = max(1, min_units)
+    if len(kept) < needed:
+        slots = f", fewer than the {needed} slots (ranks x workers) that read it" if needed > 1 else ""
         raise ConfigError(
-            f"{kind}: {describe_subset((step,))} keeps none of the {len(shards)} shards (a {kind} subset is "
-            "whole shards); use a larger fraction or more, smaller shards",
+            f"{kind}: {describe_subset((step,))} keeps {len(kept)} of the {len(shards)} shards{slots} (a "
+            f"{kind} subset is whole shards); use a larger fraction or more, smaller shards",
             code="InsufficientSubsetUnits",
         )
     return kept

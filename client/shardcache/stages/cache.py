@@ -17,6 +17,11 @@ from shardcache.stages.base import Node
 SNAPSHOT_SUBSET = "subset"
 """The option holding a split()/sample() step of the snapshot's own rows (`shardcache.pipeline.subsets`)."""
 
+SNAPSHOT_IDENTITY = "snapshot"
+"""The option `Dataset.snapshot()` sets (`.cache()` does not): the entry's name, fixed when `snapshot()` is
+called, whose rows store upstream `__key__`/`__file__` as `__source_key__`/`__source_file__` and are read
+back with fresh row metadata (`shardcache.snapshots.snapshot`)."""
+
 
 @dataclass(frozen=True)
 class CacheStage:
