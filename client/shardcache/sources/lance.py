@@ -18,7 +18,8 @@ fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
 
-A filter's matching rows come from
+Each dataset is read at the version `from_source` discovered (`PlanHints.versions`; unpinned when it did
+not open then): rows written after the pipeline was built are not read. A filter's matching rows come from
 a persistent index under the unified cache root, built once per dataset version and predicate groups and
 read back by every later reader (`sources.lance_index`).
 
@@ -146,8 +147,12 @@ class LanceSource(SourceNode):
     def units(self) -> list[Unit]:
         lance = lance_module()
         given = self.options.storage_options
+        # The versions from_source discovered: rows written after the pipeline was built are not read.
+        pinned = dict(self.spec.hints.versions or ())
         self._datasets = [
-            lance.dataset(ref.url, storage_options=storage_options_for(ref.url, given))
+            lance.dataset(
+                ref.url, version=pinned.get(ref.url), storage_options=storage_options_for(ref.url, given)
+            )
             for ref in self.spec.shards
         ]
         self._rows = LanceRows(
