@@ -61,10 +61,13 @@ def discover_versions(urls: Sequence[str], given: Mapping[str, str] | None) -> t
     """(url, current version) of each dataset that opens now, as the pipeline pins them (mvp-dataset 0.2.3
     does so when a source is listed).
 
-    A dataset that does not open yet is left unpinned (read at its latest version when the source starts),
-    so that a missing dataset keeps failing where it always did: when the pipeline is read.
+    A dataset that does not open yet (or any, without pylance) is left unpinned (read at its latest version
+    when the source starts), so that a missing dataset keeps failing where it always did: when it is read.
     """
-    lance = lance_module()
+    try:
+        lance = lance_module()
+    except ConfigError:
+        return ()  # without pylance the source itself names the extra to install, when it is read
     pinned = []
     for url in dict.fromkeys(urls):
         try:
