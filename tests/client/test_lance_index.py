@@ -218,3 +218,19 @@ def test_a_reference_index_is_built_once_and_reused(
     assert scans == ["key"]
     (entry,) = entries(cache, "lance-ref-index-v1")
     assert (entry / "manifest.json").is_file() and (entry / "complete").is_file()
+
+
+def test_a_reference_index_finds_keys_in_every_bucket_and_none_for_missing_keys(
+    tmp_path: Path, cache: Path
+) -> None:
+    main = str(tmp_path / "main.lance")
+    refs = str(tmp_path / "refs.lance")
+    wanted = [0, 4095, 4096, 8191, 12000, 5]  # 12000 has no reference row
+    lance.write_dataset(pa.table({"ref": pa.array(wanted, type=pa.int64())}), main)
+    lance.write_dataset(pa.table({"id": pa.array(range(9000), type=pa.int64()), "v": range(9000)}), refs)
+    config = {"ref": {"uri": refs, "key_column": "id", "value_column": "v"}}
+    for _ in range(2):  # built, then read back (9000 keys: two buckets)
+        ds = Dataset.from_source("lance", main, ref_columns=config).resolve_ref(["ref"])
+        assert [s["ref"] for s in ds] == [0, 4095, 4096, 8191, None, 5]
+    (entry,) = entries(cache, "lance-ref-index-v1")
+    assert len(json.loads((entry / "manifest.json").read_text())["metadata"]["bucket_offsets"]) == 3

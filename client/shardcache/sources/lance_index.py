@@ -10,7 +10,9 @@ makes a new entry and an entry is never stale:
   part is rebuilt alone, by scanning only its fragments. On a dataset with deleted rows (which mvp-dataset
   refuses to filter) the positions need the whole dataset's row addresses, so it is one part.
 - `lance-ref-index-v1`: for the reference datasets of one `ref_columns` entry and its key column, the first
-  row (dataset, row) holding each key, as an Arrow IPC file. Reading it replaces a scan of the key column.
+  row (dataset, row) holding each key, as an Arrow IPC file whose keys are grouped in hash buckets (the
+  bucket offsets are in the manifest). Reading it replaces a scan of the key column, and a reader makes a
+  bucket's dict only when a sample asks for a key of it (`RefRows`).
 
 The index is read whole into memory when the source plans its rows (a filter's matches, 8 bytes a row).
 """
@@ -18,7 +20,8 @@ The index is read whole into memory when the source plans its rows (a filter's m
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ FORMAT_VERSION = 1
 MAX_PARTS = 64  # parts of one filter index: enough to rebuild a damaged one cheaply, few enough to list
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 _KEYS_FILE = "keys.arrow"
+_BUCKET_KEYS = 4096  # keys per bucket of a reference index, on average
+_ROW_BITS = 40  # a reference row is stored as dataset << 40 | row
 
 
 # --- filter index ------------------------------------------------------------------------------------
@@ -200,23 +205,63 @@ def _scan_keys(datasets: Sequence[Any], key_column: str) -> tuple[list[Any], lis
     return keys, owners, rows, key_type
 
 
+def _bucket_of(key: Any, buckets: int) -> int:
+    # A hash stable across processes (Python's hash() of a str is salted). str() makes an int key and a
+    # numpy integer key of a sample land in one bucket, as they were equal keys of a dict.
+    data = key if isinstance(key, bytes) else str(key).encode()
+    return zlib.crc32(data) % buckets
+
+
 def _build_refs(datasets: Sequence[Any], key_column: str, tmp: Path) -> dict[str, Any]:
     import pyarrow as pa
 
     keys, owners, rows, key_type = _scan_keys(datasets, key_column)
-    table = pa.table(
-        {
-            "key": pa.array(keys, type=key_type),
-            "dataset": pa.array(owners, type=pa.int32()),
-            "row": pa.array(rows, type=pa.int64()),
-        }
-    )
+    buckets = max(1, len(keys) // _BUCKET_KEYS)
+    ids = np.fromiter((_bucket_of(k, buckets) for k in keys), dtype=np.int64, count=len(keys))
+    order = np.argsort(ids, kind="stable")
+    codes = (np.asarray(owners, dtype=np.int64) << _ROW_BITS) | np.asarray(rows, dtype=np.int64)
+    table = pa.table({"key": pa.array(keys, type=key_type).take(order), "where": codes[order]})
     with pa.OSFile(str(tmp / _KEYS_FILE), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    return {"count": len(keys), "key_column": key_column}
+    offsets = np.searchsorted(ids[order], np.arange(buckets + 1)).tolist()
+    return {"count": len(keys), "key_column": key_column, "bucket_offsets": offsets}
 
 
-def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> dict[Any, tuple[int, int]] | None:
+class RefRows(Mapping[Any, tuple[int, int]]):
+    """key -> (dataset, row) over a read reference index: the keys are hashed into buckets of about 4096,
+    and a bucket's dict is made on its first lookup, so a reader pays for the keys its samples use (a
+    dict of every key costs about as much as scanning a local key column again)."""
+
+    def __init__(self, table: Any, offsets: Sequence[int]) -> None:
+        self._table = table
+        self._offsets = list(offsets)
+        self._buckets: dict[int, dict[Any, int]] = {}
+
+    def _bucket(self, key: Any) -> dict[Any, int]:
+        b = _bucket_of(key, len(self._offsets) - 1)
+        found = self._buckets.get(b)
+        if found is None:
+            first, last = self._offsets[b], self._offsets[b + 1]
+            part = self._table.slice(first, last - first)
+            found = dict(zip(part.column("key").to_pylist(), part.column("where").to_pylist(), strict=True))
+            self._buckets[b] = found
+        return found
+
+    def __getitem__(self, key: Any) -> tuple[int, int]:
+        where = self._bucket(key)[key]
+        return where >> _ROW_BITS, where & ((1 << _ROW_BITS) - 1)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._bucket(key)
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._table.column("key").to_pylist())
+
+
+def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> RefRows | None:
     import pyarrow as pa
 
     data = entry.read_checked(manifest, _KEYS_FILE)
@@ -224,13 +269,15 @@ def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> dict[Any, tuple[i
         return None
     try:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowInvalid, OSError):
+        offsets = manifest["metadata"]["bucket_offsets"]
+    except (pa.ArrowInvalid, OSError, KeyError, TypeError):
         return None
-    pairs = zip(table.column("dataset").to_pylist(), table.column("row").to_pylist(), strict=True)
-    return dict(zip(table.column("key").to_pylist(), pairs, strict=True))
+    if len(offsets) < 2 or offsets[-1] != table.num_rows:
+        return None
+    return RefRows(table, offsets)
 
 
-def ref_rows(datasets: Sequence[Any], uris: Sequence[str], key_column: str) -> dict[Any, tuple[int, int]]:
+def ref_rows(datasets: Sequence[Any], uris: Sequence[str], key_column: str) -> RefRows:
     """key -> (dataset, row) of the reference `datasets` (opened at their pinned versions), from the
     persistent reference index, built first if no valid one exists."""
     source = [

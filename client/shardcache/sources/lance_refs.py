@@ -127,9 +127,9 @@ class RefTable:
         self.ref = ref
         self.storage_options = storage_options
         self._datasets: list[Any] = []
-        self._rows: dict[Any, tuple[int, int]] | None = None
+        self._rows: Mapping[Any, tuple[int, int]] | None = None
 
-    def _load(self) -> dict[Any, tuple[int, int]]:
+    def _load(self) -> Mapping[Any, tuple[int, int]]:
         if self._rows is None:
             lance = lance_module()
             versions = self.ref.versions or (None,) * len(self.ref.uris)
@@ -145,7 +145,8 @@ class RefTable:
     def values(self, keys: Sequence[Any]) -> list[Any]:
         """The value of each key (None for a key with no row), one `take` per dataset."""
         rows = self._load()
-        found = {key: rows[key] for key in set(keys) if key is not None and key in rows}
+        # One lookup per key (get): the index hashes a key to its bucket on each lookup.
+        found = {key: row for key in set(keys) if key is not None and (row := rows.get(key)) is not None}
         value: dict[Any, Any] = {}
         for d, ds in enumerate(self._datasets):
             wanted = [(key, local) for key, (owner, local) in found.items() if owner == d]
