@@ -20,6 +20,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_egress", [], ["--shards", "16", "--seeds", "1"]),
     ("bench.bench_stall", [], ["--shards", "4"]),
     ("bench.bench_cache", [], ["--shards", "2", "--samples", "100", "--repeats", "1"]),
+    ("bench.bench_lance_filter_index", [], ["--rows", "200000", "--ref-rows", "50000", "--repeats", "1"]),
     ("bench.bench_cluster", [], ["--quick"]),
     ("bench.bench_cluster_daemons", [], ["--quick"]),
     ("bench.bench_disk_full", [], ["--repeats", "1"]),

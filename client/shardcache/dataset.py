@@ -10,6 +10,7 @@ whose `state_dict()` a trainer checkpoints (`shardcache.resume`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
 from shardcache.sources import SourceSpec, canonical_kind, check_options, data_suffix
 from shardcache.sources.counting import RunFacts
 from shardcache.sources.lance import check_daemon
+from shardcache.sources.lance_access import discover_versions
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.sources.options import PlanHints
 from shardcache.stages import Node, Stage, builders
@@ -125,6 +127,10 @@ class Dataset:
         else:
             refs = expand_shards(shards, data_suffix=data_suffix(kind))
         given, hints = PlanHints.split(options)
+        if kind == "lance":
+            urls = [ref.url for ref in refs]
+            versions = discover_versions(urls, given.get("storage_options"))
+            hints = dataclasses.replace(hints, versions=versions or None)
         return cls(PipelineSpec(SourceSpec(kind, tuple(refs), given, context, daemon, hints)))
 
     @staticmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 MVP_ALIASES: Mapping[str, str] = {
     "SHARDCACHE_CACHE_DIR": "MVP_DATASET_CACHE_DIR",
@@ -54,3 +55,21 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of `name`, else of its mvp-dataset alias, else None (see `lookup`)."""
     found = lookup(name, environ)
     return None if found is None else found[1]
+
+
+DEFAULT_CACHE_DIR = ".cache"
+CACHE_DIR_ENV = "SHARDCACHE_CACHE_DIR"
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The one cache root every derived artifact lives under (snapshots, Lance filter and reference indexes):
+    `cache_dir`, else `$SHARDCACHE_CACHE_DIR` (else its alias `$MVP_DATASET_CACHE_DIR`), else `.cache` in the
+    working directory; `~` is expanded.
+
+    The environment variable also replaces the default `.cache` when that is passed explicitly (the
+    signature of `Dataset.cache` spells the default out). It lives here, in the base layer, because the
+    sources (which write the Lance indexes) sit below the snapshots.
+    """
+    if cache_dir is None or os.fspath(cache_dir) == DEFAULT_CACHE_DIR:
+        cache_dir = get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    return Path(cache_dir).expanduser().absolute()

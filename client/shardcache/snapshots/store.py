@@ -35,8 +35,8 @@ from shardcache.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CACHE_DIR = ".cache"
-CACHE_DIR_ENV = "SHARDCACHE_CACHE_DIR"
+DEFAULT_CACHE_DIR = envvars.DEFAULT_CACHE_DIR
+CACHE_DIR_ENV = envvars.CACHE_DIR_ENV
 DATA = "data.lance"
 PART_MARKER = "part.json"
 DATASET_MARKER = "complete.json"
@@ -44,14 +44,8 @@ DATASET_MARKER = "complete.json"
 
 def resolve_cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR` (else its alias `$MVP_DATASET_CACHE_DIR`),
-    else `.cache` in the working directory; `~` is expanded.
-
-    The environment variable also replaces the default `.cache` when that is passed explicitly (the
-    signature of `Dataset.cache` spells the default out).
-    """
-    if cache_dir is None or os.fspath(cache_dir) == DEFAULT_CACHE_DIR:
-        cache_dir = envvars.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
-    return Path(cache_dir).expanduser().absolute()
+    else `.cache` in the working directory (`envvars.cache_root`, shared with the Lance indexes)."""
+    return envvars.cache_root(cache_dir)
 
 
 def fsync_tree(root: Path) -> None:
@@ -233,7 +227,8 @@ def cache_ls(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry
     if not root.is_dir():
         return []
     entries = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    # "_locks" and "_tmp" are the Lance indexes' shared folders (sources.lance_store), not entries.
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         paths = EntryPaths(path)
         marker = read_json(paths.dataset_dir / DATASET_MARKER) or {}
         description = read_json(paths.description_file) or {}

@@ -18,6 +18,11 @@ fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
 
+Each dataset is read at the version `from_source` discovered (`PlanHints.versions`; unpinned when it did
+not open then): rows written after the pipeline was built are not read. A filter's matching rows come from
+a persistent index under the unified cache root, built once per dataset version and predicate groups and
+read back by every later reader (`sources.lance_index`).
+
 Every sample carries `__file__`, `__local_index__`, `__global_index__` and `__key__` (`sources.lance_rows`).
 `read_batch_size` is the rows per Lance read call (default: `batch_size`, the rows per unit); it changes
 neither the rows nor their order.
@@ -33,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from shardcache.errors import ConfigError, InvalidPredicate
+from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode, check_columns_and_batch_size
 from shardcache.sources.lance_access import lance_module, storage_options_for
+from shardcache.sources.lance_index import filter_positions
 from shardcache.sources.lance_order import (
     SHUFFLE_MODES,
     check_chunk_shuffle,
@@ -43,7 +49,7 @@ from shardcache.sources.lance_order import (
     row_sequence,
 )
 from shardcache.sources.lance_refs import parse_ref_columns
-from shardcache.sources.lance_rows import ROW_ADDRESS, LanceRows, positions
+from shardcache.sources.lance_rows import LanceRows
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
@@ -106,34 +112,6 @@ def check_filter(value: Any) -> None:
         )
 
 
-def filter_rows(ds: Any, uri: str, groups: Sequence[Sequence[str]]) -> Any:
-    """The positions (`take` rows) of dataset `ds` matching every group of `hints.filter`.
-
-    Each predicate is scanned on its own with Lance's scalar indexes (as mvp-dataset does: an OR of
-    indexed predicates stays indexed), the matches of a group united, the groups intersected. A predicate
-    Lance refuses raises InvalidPredicate naming it, also on a dataset with no fragment (no row to read, but
-    the predicate is still checked against the schema).
-    """
-    kept = None
-    for group in groups:
-        found = []
-        for predicate in group:
-            try:
-                scanner = ds.scanner(
-                    filter=predicate, columns=[], with_row_address=True, use_scalar_index=True
-                )
-                addresses = scanner.to_table()[ROW_ADDRESS].to_numpy()
-            except (ValueError, OSError) as exc:  # lance's error for a bad predicate (type varies)
-                raise InvalidPredicate(
-                    f"filter({predicate!r}) on {uri}: Lance cannot evaluate it: {exc}",
-                    code="InvalidLanceFilter",
-                ) from exc
-            found.append(positions(ds, addresses) if len(addresses) else np.zeros(0, dtype=np.int64))
-        matched = np.unique(np.concatenate(found))
-        kept = matched if kept is None else np.intersect1d(kept, matched)
-    return np.zeros(0, dtype=np.int64) if kept is None else kept
-
-
 @dataclass(frozen=True)
 class LanceChunk(Unit):
     """Rows of one dataset: a contiguous range (offset, count), explicit `rows`, or one `fragment`."""
@@ -171,8 +149,12 @@ class LanceSource(SourceNode):
     def units(self) -> list[Unit]:
         lance = lance_module()
         given = self.options.storage_options
+        # The versions from_source discovered: rows written after the pipeline was built are not read.
+        pinned = dict(self.spec.hints.versions or ())
         self._datasets = [
-            lance.dataset(ref.url, storage_options=storage_options_for(ref.url, given))
+            lance.dataset(
+                ref.url, version=pinned.get(ref.url), storage_options=storage_options_for(ref.url, given)
+            )
             for ref in self.spec.shards
         ]
         self._rows = LanceRows(
@@ -302,9 +284,11 @@ class LanceSource(SourceNode):
         if groups is None:
             space = np.arange(sum(self._sizes), dtype=np.int64)
         else:
+            # Read from (or built once into) the persistent filter index of each dataset's pinned version.
             uris = [ref.url for ref in self.spec.shards]
             found = [
-                filter_rows(ds, uris[d], groups) + self._starts[d] for d, ds in enumerate(self._datasets)
+                filter_positions(ds, uris[d], groups, self._sizes[d]) + self._starts[d]
+                for d, ds in enumerate(self._datasets)
             ]
             space = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
         return space[select_rows(len(space), subset, self._split_order())] if subset else space

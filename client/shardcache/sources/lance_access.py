@@ -6,7 +6,7 @@ Shared by the lance source (`sources.lance`) and the reference columns (`sources
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardcache.errors import ConfigError
@@ -55,3 +55,24 @@ def lance_module() -> Any:
     except ImportError as exc:
         raise ConfigError("the lance source needs pylance: pip install 'shardcache[lance]'") from exc
     return lance
+
+
+def discover_versions(urls: Sequence[str], given: Mapping[str, str] | None) -> tuple[tuple[str, int], ...]:
+    """(url, current version) of each dataset that opens now, as the pipeline pins them (mvp-dataset 0.2.3
+    does so when a source is listed).
+
+    A dataset that does not open yet (or any, without pylance) is left unpinned (read at its latest version
+    when the source starts), so that a missing dataset keeps failing where it always did: when it is read.
+    """
+    try:
+        lance = lance_module()
+    except ConfigError:
+        return ()  # without pylance the source itself names the extra to install, when it is read
+    pinned = []
+    for url in dict.fromkeys(urls):
+        try:
+            ds = lance.dataset(url, storage_options=storage_options_for(url, given))
+        except (ValueError, OSError, RuntimeError):  # lance's "not found" / object-store errors
+            continue
+        pinned.append((url, int(ds.version)))
+    return tuple(pinned)

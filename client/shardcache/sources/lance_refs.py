@@ -15,8 +15,10 @@ The resolver is a 1:1 stage over any samples (dicts, or lists of dicts after `.b
 `resolve_batch_size` samples ahead, fetches their values with one Lance `take` per reference dataset, and
 emits them in order. Its resume state is its upstream's state at the start of the current read-ahead plus
 how many of it were emitted, so a resume re-reads at most one read-ahead and skips what was emitted.
-The key -> row map of a reference table is built in memory on first use in each process (mvp-dataset keeps
-an on-disk index; `index=` is accepted and validated for compatibility).
+The key -> row map of a reference table (its pinned versions) is an on-disk index under the unified cache
+root (`lance-ref-index-v1`, `sources.lance_index`), built by the first process that needs it and read by
+the others; each process then holds it as a dict. `index=` is accepted and validated for compatibility:
+its `build_strategy` and `bucket_count` choose nothing here (one builder, one file).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources.lance_access import lance_module, storage_options_for
+from shardcache.sources.lance_index import ref_rows
 
 BUILD_STRATEGIES = ("auto", "in_memory", "bucketed")
 
@@ -124,9 +127,9 @@ class RefTable:
         self.ref = ref
         self.storage_options = storage_options
         self._datasets: list[Any] = []
-        self._rows: dict[Any, tuple[int, int]] | None = None
+        self._rows: Mapping[Any, tuple[int, int]] | None = None
 
-    def _load(self) -> dict[Any, tuple[int, int]]:
+    def _load(self) -> Mapping[Any, tuple[int, int]]:
         if self._rows is None:
             lance = lance_module()
             versions = self.ref.versions or (None,) * len(self.ref.uris)
@@ -134,20 +137,16 @@ class RefTable:
                 lance.dataset(uri, version=v, storage_options=storage_options_for(uri, self.storage_options))
                 for uri, v in zip(self.ref.uris, versions, strict=True)
             ]
-            rows: dict[Any, tuple[int, int]] = {}
-            for d, ds in enumerate(self._datasets):
-                local = 0
-                for rb in ds.to_batches(columns=[self.ref.key_column], scan_in_order=True):
-                    for key in rb.column(0).to_pylist():
-                        rows.setdefault(key, (d, local))  # the first row of a key wins
-                        local += 1
-            self._rows = rows
+            # The key -> row map of these versions is built once into the cache root and read back by
+            # every later process (sources.lance_index), instead of scanning the key column in each.
+            self._rows = ref_rows(self._datasets, self.ref.uris, self.ref.key_column)
         return self._rows
 
     def values(self, keys: Sequence[Any]) -> list[Any]:
         """The value of each key (None for a key with no row), one `take` per dataset."""
         rows = self._load()
-        found = {key: rows[key] for key in set(keys) if key is not None and key in rows}
+        # One lookup per key (get): the index hashes a key to its bucket on each lookup.
+        found = {key: row for key in set(keys) if key is not None and (row := rows.get(key)) is not None}
         value: dict[Any, Any] = {}
         for d, ds in enumerate(self._datasets):
             wanted = [(key, local) for key, (owner, local) in found.items() if owner == d]

@@ -38,6 +38,10 @@ class PlanHints:
         filter: Lance predicates, alternatives of conjunctions (`Dataset.filter`); part of the fingerprint.
         row_metadata: Whether lance rows get `__key__`/`__file__`/... (False: a `.cache()` read-back, whose
             rows keep the metadata they were written with).
+        versions: (url, version) of each Lance dataset, discovered by `from_source` (as mvp-dataset 0.2.3
+            does): the source reads those versions, so rows appended later are not read. Part of the
+            fingerprint (mvp's resume identity holds each dataset's version too): a state saved on one
+            version does not resume on another, whose rows differ.
     """
 
     job: str | None = None
@@ -46,6 +50,7 @@ class PlanHints:
     subset: tuple[tuple[Any, ...], ...] | None = None
     filter: tuple[tuple[str, ...], ...] | None = None
     row_metadata: bool = True
+    versions: tuple[tuple[str, int], ...] | None = None
 
     @classmethod
     def split(cls, options: Mapping[str, Any]) -> tuple[dict[str, Any], PlanHints]:
@@ -57,9 +62,9 @@ class PlanHints:
         return rest, cls(**given)
 
     def described(self) -> dict[str, Any]:
-        """The hints that change which samples are read (subset, filter): what the fingerprint shows, under
-        the keyword names `from_source` takes."""
-        shown = {"subset": self.subset, "filter": self.filter}
+        """The hints that change which samples are read (subset, filter, a Lance source's pinned versions):
+        what the fingerprint shows."""
+        shown = {"subset": self.subset, "filter": self.filter, "versions": self.versions}
         return {name: value for name, value in shown.items() if value is not None}
 
     def without_plans(self) -> PlanHints:
