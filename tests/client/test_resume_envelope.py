@@ -183,6 +183,47 @@ def test_merged_states_of_ended_ranks_start_the_next_pass(tars: list[str]) -> No
     assert keys(resumed.iter_context(whole)) == keys(dataset(tars).iter_context(whole))
 
 
+class Pairs:
+    """A stateful assembler with mvp-dataset's `identity()`, whose version a test changes."""
+
+    version = "v1"
+
+    def __init__(self, context: RuntimeContext) -> None:
+        self.pending: list[str] = []
+
+    def push(self, sample: dict[str, Any]) -> list[str]:
+        self.pending.append(sample["__key__"])
+        if len(self.pending) < 2:
+            return []
+        pair, self.pending = "+".join(self.pending), []
+        return [pair]
+
+    def finish(self, *, drop_last: bool = False) -> list[str]:
+        return [] if drop_last or not self.pending else ["+".join(self.pending)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pending": list(self.pending)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = list(state["pending"])
+
+    def identity(self) -> str:
+        return f"pairs:{self.version}"
+
+
+def test_an_assembler_answering_another_identity_is_refused_when_the_stage_starts(
+    tars: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    it = iter(dataset(tars).assemble(Pairs))
+    next(it)
+    state = it.state_dict()
+    monkeypatch.setattr(Pairs, "version", "v2")
+    resumed = dataset(tars).assemble(Pairs)
+    resumed.load_state_dict(state)
+    with pytest.raises(ResumeStateError, match=r"\[ResumeIdentityMismatch\] path=identity.assembler"):
+        next(iter(resumed))
+
+
 class ListLogger:
     def __init__(self) -> None:
         self.warnings: list[str] = []
