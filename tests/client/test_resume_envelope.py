@@ -211,17 +211,23 @@ class Pairs:
         return f"pairs:{self.version}"
 
 
-def test_an_assembler_answering_another_identity_is_refused_when_the_stage_starts(
+def test_an_assembler_answering_another_identity_is_refused_when_loading(
     tars: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     it = iter(dataset(tars).assemble(Pairs))
     next(it)
     state = it.state_dict()
     monkeypatch.setattr(Pairs, "version", "v2")
-    resumed = dataset(tars).assemble(Pairs)
-    resumed.load_state_dict(state)
     with pytest.raises(ResumeStateError, match=r"\[ResumeIdentityMismatch\] path=identity.assembler"):
-        next(iter(resumed))
+        dataset(tars).assemble(Pairs).load_state_dict(state)
+
+
+def test_an_assembler_with_the_same_identity_resumes(tars: list[str]) -> None:
+    it = iter(dataset(tars).assemble(Pairs))
+    head = [next(it) for _ in range(3)]
+    resumed = dataset(tars).assemble(Pairs)
+    resumed.load_state_dict(it.state_dict())
+    assert head + list(resumed) == list(dataset(tars).assemble(Pairs))
 
 
 class ListLogger:

@@ -26,6 +26,7 @@ from shardcache.resume.state import (
 )
 from shardcache.sources.base import SourceNode, source_below
 from shardcache.stages import Node
+from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
 
 
 def initial_state(spec: PipelineSpec, ctx: RuntimeContext) -> dict[str, Any]:
@@ -44,11 +45,30 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
     else:
         check_state(spec, state, None)
     check_identity(loaded.identity, initial_state(spec, ctx)["identity"])
+    if not loaded.fresh and not is_merged(state):
+        check_assemblers(spec, state, ctx)
     if spec.source.context is not None:
         # An explicit context is the one iterations use (unless iter_context names another): refuse
         # another seed now, as mvp-dataset does; an inferred one is checked when the iteration starts.
         check_seed(state, ctx.seed)
     return None if loaded.fresh else state
+
+
+def check_assemblers(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> None:
+    """Refuse, when a state loads, an assembler answering another `identity()` than the one the state
+    recorded (mvp-dataset refuses it there): build one assembler per such stage and ask it."""
+    node_state: Any = state.get("pipeline")
+    for stage in reversed(spec.stages):
+        if not isinstance(node_state, dict):
+            return
+        if isinstance(stage, AssembleStage):
+            saved = AssembleNode.recorded_identity(node_state)
+            if saved is not None:
+                check_assembler_identity(saved, stage.factory(ctx))
+        try:
+            node_state = Node.state_below(node_state)
+        except StateError:
+            return  # a stage whose state holds no "up" (the walk ends; the stage checks itself later)
 
 
 def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> None:

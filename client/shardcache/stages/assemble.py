@@ -12,7 +12,8 @@ upstream from there and drops that many outputs.
   pending inputs: sample data the assembler cannot do without, so keep it JSON-serialisable and small.
 - An assembler with an `identity()` (mvp-dataset's protocol) has it recorded in the state once the stage
   started, when it is JSON; a resume whose assembler answers another identity is refused
-  ([ResumeIdentityMismatch]) when the stage starts, since the assembler exists only then.
+  ([ResumeIdentityMismatch]): by `Dataset.load_state_dict`, which builds one assembler to ask
+  (`check_assembler_identity`), and in any case when the stage starts.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def _identity(assembler: Any) -> Any:
     return value
 
 
+def check_assembler_identity(saved: Any, assembler: Any) -> None:
+    """Refuse an assembler whose identity is not the `saved` one (None: none was recorded)."""
+    identity = _identity(assembler)
+    if saved is not None and identity != saved:
+        raise StateError(
+            f"path=identity.assembler expected={saved!r} actual={identity!r}: the resume state was taken "
+            "with another assembler",
+            code="ResumeIdentityMismatch",
+        )
+
+
 def _stateful(assembler: Any) -> bool:
     return callable(getattr(assembler, "state_dict", None)) and callable(
         getattr(assembler, "load_state_dict", None)
@@ -90,14 +102,8 @@ class AssembleNode(Node):
         up = self.up
         assembler: Any = self.factory(self.ctx)
         stateful = _stateful(assembler)
-        identity = _identity(assembler)
-        if self._identity is not None and identity != self._identity:
-            raise StateError(
-                f"path=identity.assembler expected={self._identity!r} actual={identity!r}: the resume state "
-                "was taken with another assembler",
-                code="ResumeIdentityMismatch",
-            )
-        self._identity = identity
+        check_assembler_identity(self._identity, assembler)
+        self._identity = _identity(assembler)
         if self._loaded is not None:
             if not stateful:
                 raise StateError(
@@ -138,6 +144,11 @@ class AssembleNode(Node):
         if self._identity is not None:
             state["identity"] = self._identity
         return state
+
+    @staticmethod
+    def recorded_identity(state: State) -> Any:
+        """The assembler identity a state of this node recorded (None: none)."""
+        return state.get("identity")
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
