@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext, in_main_process
@@ -23,7 +23,7 @@ from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
 from shardcache.pipeline.iteration import PipelineIterator, start
 from shardcache.pipeline.spec import PipelineSpec
-from shardcache.resume.point import check_loaded
+from shardcache.resume.point import check_loaded, initial_state
 from shardcache.resume.state import LiveState
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.snapshots.boundary import cached
@@ -269,15 +269,22 @@ class Dataset:
         return self._spec.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
-        """The state of the most recent iterator (or the state loaded and not yet used)."""
-        return self._live.state_dict("state_dict(): this dataset has not been iterated yet; iterate it first")
+        """The resume envelope (version, identity, state; `shardcache.resume.state`) of the most recent
+        iterator, else of the state loaded and not yet used. Its ``state`` is None before any iteration and
+        once the iterator is exhausted: loading it starts the next pass from the beginning."""
+        return self._live.state_dict(lambda: initial_state(self._spec, self.resolve_context()))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration resume from `state`: this reader's own `state_dict()`, or the states of
-        every rank merged by `shardcache.merge_states` (which resumes on any number of nodes, ranks and
-        workers; see `shardcache.resume.elastic`; checks in `shardcache.resume.point`)."""
-        check_loaded(self._spec, state)
-        self._live.pending = state
+        """Make the next iteration resume from `state`: this reader's own `state_dict()` (or a version-1
+        state), or the states of every rank merged by `shardcache.merge_states` (which resumes on any number
+        of nodes, ranks and workers; see `shardcache.resume.elastic`; checks in `shardcache.resume.point`).
+
+        Raises:
+            ResumeStateError: the state does not fit, its message starting with mvp-dataset's code:
+                [ResumeIdentityMismatch] (another pipeline, seed or slot), [InvalidResumeStateVersion],
+                [InvalidResumeState] (not a state).
+        """
+        self._live.load(state, check_loaded(self._spec, state, self.resolve_context()))
 
     def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
         """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
@@ -313,10 +320,10 @@ class Dataset:
     def iter_context(self, context: RuntimeContext | None = None) -> PipelineIterator:
         """Iterate as the slot `context` names (tests simulate ranks and workers this way)."""
         iterator = start(self._spec, self.resolve_context(context), self._live.take_pending())
-        self._live.iterator = iterator
+        self._live.start(iterator, warn=in_main_process())
         return iterator
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> PipelineIterator:
         if in_main_process():
             self.count_samples()
         iterator = self.iter_context(None)

@@ -179,4 +179,10 @@ ResumeStateError = StateError
 
 
 class UnsupportedResume(ShardcacheError, RuntimeError):
-    """A stage or source cannot save or restore its position; the message names it and what to do."""
+    """A stage or source cannot save or restore its position; the message names it and what to do.
+
+    Its code is always "UnsupportedResume" (mvp-dataset's), so every message starts with it.
+    """
+
+    def __init__(self, *args: object, code: str | None = "UnsupportedResume") -> None:
+        super().__init__(*args, code=code)

@@ -116,7 +116,7 @@ def test_merged_state_on_the_same_topology_resumes_the_uninterrupted_order(tars:
     for ctx, rest, full in zip(ctxs, resume(tars, merged, ctxs), uninterrupted, strict=True):
         done = min(progress(ctx.slot), len(full))
         assert full[:done] + [s["__key__"] for s in rest] == full
-    assert merged["epoch"] == 1
+    assert merged["state"]["epoch"] == 1
 
 
 def test_next_epoch_after_an_elastic_resume_is_the_new_topologys_normal_plan(tars: list[str]) -> None:
@@ -362,6 +362,8 @@ def test_any_chain_of_elastic_resumes_reads_no_sample_twice_and_loses_only_drops
             real.update(s["__key__"] for s in itertools.islice(it, limit) if not s.get("__pad__"))
             states.append(it.state_dict())
         merged = merge_states(states)
+        if merged["state"] is None:
+            break  # every rank had ended the epoch: loading that state starts the next pass anew
     assert max(real.values()) == 1 and set(real) <= set(ALL)
     if even == "drop":
         assert sum(ALL.values()) - len(real) < ranks  # each planning left out fewer than its ranks

@@ -149,7 +149,7 @@ def test_on_corrupt_skip_drops_the_rest_of_the_shard_and_logs_once(
     assert [k for k in got if k.startswith("s001")] == [f"s001_{i:04d}" for i in range(5)]
     assert 0 < len([k for k in got if k.startswith("s000")]) < 5
     assert len([r for r in caplog.records if "corrupt shard" in r.getMessage()]) == 1
-    assert ds.state_dict()["pipeline"]["kind"] == "tars"
+    assert ds.state_dict()["end"]["pipeline"]["kind"] == "tars"  # the pass ended: its position is "end"
 
 
 def test_resume_with_resample_continues_the_rounds(tars: list[str]) -> None:

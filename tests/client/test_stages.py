@@ -142,7 +142,7 @@ def test_state_carries_the_epoch(tars: list[str]) -> None:
     it = iter(ds)
     head = [next(it) for _ in range(5)]
     state = ds.state_dict()
-    assert state["epoch"] == 3
+    assert state["state"]["epoch"] == 3
     resumed = base(tars).shuffle(4)
     resumed.load_state_dict(state)
     ds.set_epoch(3)

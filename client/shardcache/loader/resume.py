@@ -29,7 +29,16 @@ from shardcache.resume.elastic import (
     origin_of,
     source_position,
 )
-from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
+from shardcache.resume.state import (
+    IDENTITY_KEYS,
+    STATE_VERSION,
+    check_fingerprint,
+    check_identity,
+    check_seed,
+    check_version,
+    initial,
+    unwrap,
+)
 from shardcache.stages import Node, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
@@ -79,6 +88,7 @@ def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | Non
         "kind": "torch_loader",
         "fingerprint": shape.fingerprint(),
         "stages": shape.parts(),
+        "seed": ctx.seed,
         "num_workers": shape.num_workers,
         "dp_rank": ctx.dp_rank,
         "dp_size": ctx.dp_size,
@@ -90,33 +100,59 @@ def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | Non
     }
 
 
-def check_loaded(shape: LoaderShape, state: dict[str, Any], ctx: RuntimeContext) -> None:
-    """Refuse a state `TorchLoader.load_state_dict` cannot take (`ctx`: the loader's context now)."""
+def initial_state(shape: LoaderShape, ctx: RuntimeContext) -> dict[str, Any]:
+    """The envelope of a loader that has not begun (``state`` None): its identity alone."""
+    own = {key: value for key, value in header(shape, ctx).items() if key in IDENTITY_KEYS}
+    return initial(own, ctx.identity())
+
+
+def check_loaded(shape: LoaderShape, blob: Any, ctx: RuntimeContext) -> dict[str, Any] | None:
+    """Refuse a state `TorchLoader.load_state_dict` cannot take (`ctx`: the loader's context now), in an
+    envelope or version 1's flat layout. Returns the flat layout, None to start from the beginning."""
+    loaded = unwrap(blob, "TorchLoader resume state")
+    state = loaded.flat
     if is_merged(state):
         if state.get("of") != "torch_loader":
-            raise StateError("a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader")
+            raise StateError(
+                "a merged Dataset state loads with Dataset.load_state_dict, not TorchLoader",
+                code="ResumeIdentityMismatch",
+            )
         # An elastic resume may change num_workers: the rest of the loader must be the same.
-        saved = (state.get("states") or [{}])[0]
+        saved = (state.get("states") or [state])[0]
         workers = saved.get("num_workers", shape.num_workers)
         check_merged(state, shape.fingerprint(workers), shape.parts(workers))
-    else:
-        check_state(shape, state, ctx)
+        if loaded.fresh:
+            return None
+        current = initial_state(shape, ctx)["identity"]
+        # The views name the loader's worker count, which an elastic resume may change.
+        check_identity(loaded.identity, {**current, "loader": (loaded.identity or {}).get("loader")})
+        return state
+    check_state(shape, state, ctx, fresh=loaded.fresh)
+    check_identity(loaded.identity, initial_state(shape, ctx)["identity"])
+    return None if loaded.fresh else state
 
 
-def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext) -> None:
-    """Refuse a loader's own state of another kind, version, layout or pipeline, or a truncated one."""
+def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext, fresh: bool = False) -> None:
+    """Refuse a loader's own state of another kind, version, layout or pipeline, or a truncated one
+    (`fresh`: an envelope whose ``state`` is None, which has only its identity to check)."""
     if not isinstance(state, dict) or state.get("kind") != "torch_loader":
-        raise StateError("resume state was not taken from a TorchLoader (use Dataset.load_state_dict)")
+        raise StateError(
+            "resume state was not taken from a TorchLoader (use Dataset.load_state_dict)",
+            code="ResumeIdentityMismatch",
+        )
     check_version(state, "TorchLoader resume state")
+    check_seed(state, ctx.seed)
     if state.get("num_workers") != shape.num_workers:
         raise StateError(
             f"resume state was taken with num_workers={state.get('num_workers')}, this TorchLoader has "
-            f"num_workers={shape.num_workers}; resume with the same number of workers"
+            f"num_workers={shape.num_workers}; resume with the same number of workers",
+            code="ResumeIdentityMismatch",
         )
     if (state.get("dp_rank"), state.get("dp_size")) != (ctx.dp_rank, ctx.dp_size):
         raise StateError(
             f"resume state is for data-parallel rank {state.get('dp_rank')} of {state.get('dp_size')}, "
-            f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size"
+            f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size",
+            code="ResumeIdentityMismatch",
         )
     check_fingerprint(
         state,
@@ -124,8 +160,10 @@ def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext) -> None:
         shape.parts(),
         "resume state was taken from a TorchLoader with another dataset, batching or stage list",
     )
-    if not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict):
-        raise StateError("TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated")
+    if not fresh and (not isinstance(state.get("epoch"), int) or not isinstance(state.get("pipeline"), dict)):
+        raise StateError(
+            "TorchLoader resume state lacks 'epoch' or 'pipeline'; it is truncated", code="InvalidResumeState"
+        )
 
 
 def resume_start(

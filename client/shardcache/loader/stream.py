@@ -147,7 +147,7 @@ class WorkerStream:
         if state is not None:
             ds.load_state_dict(state)
         iterator = ds.iter_context(None)
-        snapshot = iterator.state_dict
+        snapshot = iterator.position
         try:
             size = self.batch_size
             if size is None:
@@ -327,7 +327,7 @@ class MergeNode(Node):
     def skipped_shards(self) -> int:
         """Shards the workers skipped (`on_error="skip"`), as of the payloads consumed so far.
 
-        Carried in each worker's state (`PipelineIterator.state_dict`), so it costs nothing extra per item.
+        Carried in each worker's state (`PipelineIterator.position`), so it costs nothing extra per item.
         """
         return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
 

@@ -19,7 +19,7 @@ from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
 from shardcache.loader.plain import PlainNode, PlainStream
-from shardcache.loader.resume import LoaderShape, check_loaded, header, resume_start
+from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
 from shardcache.loader.stream import (
     EpochOrder,
     MergeNode,
@@ -30,7 +30,7 @@ from shardcache.loader.stream import (
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.pipeline.iteration import close_all, close_telemetry
-from shardcache.resume.state import LiveState
+from shardcache.resume.state import LiveState, position_of, wrap
 from shardcache.sources.schedule import source_job
 from shardcache.stages import Node, Stage, builders
 
@@ -49,10 +49,13 @@ class LoaderIterator:
         header: dict[str, Any],
         telemetry: Telemetry | None = None,
         watchdog: StallWatchdog | None = None,
+        runtime: dict[str, Any] | None = None,
     ) -> None:
         self.node = node
         self.header = header
         self.telemetry = telemetry
+        self.runtime = runtime
+        self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
         self._next = node.__next__
         # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
@@ -65,11 +68,15 @@ class LoaderIterator:
         return self
 
     def __next__(self) -> Any:
-        telemetry = self.telemetry
-        if telemetry is None:
-            return self._next()
-        started = time.perf_counter()
-        item = self._next()
+        try:
+            telemetry = self.telemetry
+            if telemetry is None:
+                return self._next()
+            started = time.perf_counter()
+            item = self._next()
+        except StopIteration:
+            self.exhausted = True
+            raise
         telemetry.record(time.perf_counter() - started, item)
         return item
 
@@ -80,8 +87,13 @@ class LoaderIterator:
         return 0 if merge is None else merge.skipped_shards
 
     def state_dict(self) -> dict[str, Any]:
-        """Small and JSON-serialisable: the loader's identity, layout, epoch and every node's position."""
-        return {**self.header, "pipeline": self.node.state_dict()}
+        """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
+        identity and layout, then its epoch and every node's position (None once exhausted)."""
+        return wrap({**self.header, "pipeline": self.node.state_dict()}, self.runtime, ended=self.exhausted)
+
+    def live_state(self) -> dict[str, Any]:
+        """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
+        return position_of({**self.header, "pipeline": self.node.state_dict()})
 
     def close(self) -> None:
         """Stop the workers and close the loader-side stages."""
@@ -229,8 +241,9 @@ class TorchLoader:
         """The shardcache Dataset; UnsupportedResume for a plain iterable, which has no state."""
         if self._plain is not None:
             raise UnsupportedResume(
-                f"TorchLoader over {type(self._plain).__name__}: only a shardcache.Dataset resumes "
-                "(state_dict/load_state_dict); build the pipeline with Dataset.from_source"
+                f"TorchLoader dataset does not implement identity(): over {type(self._plain).__name__}, "
+                "only a shardcache.Dataset resumes (state_dict/load_state_dict); build the pipeline with "
+                "Dataset.from_source"
             )
         return self.dataset
 
@@ -250,21 +263,20 @@ class TorchLoader:
         return self._shape().fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
-        """The state of the most recent iteration (or the state loaded and not yet used)."""
-        self._pipeline()
-        return self._live.state_dict(
-            "TorchLoader.state_dict(): this loader has not been iterated yet; iterate it first"
-        )
+        """The resume envelope (version, identity, state) of the most recent iteration, else of the state
+        loaded and not yet used. Its ``state`` is None before any iteration and once the iteration is
+        exhausted: loading it starts the next pass from the beginning."""
+        shape = self._shape()
+        return self._live.state_dict(lambda: initial_state(shape, self.dataset.resolve_context()))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration resume from `state` (as taken by `state_dict()`).
+        """Make the next iteration resume from `state` (as taken by `state_dict()`, or a version-1 state).
 
         Raises:
-            StateError: a state of another version, pipeline, batching or stage list, or taken with another
-                num_workers or data-parallel layout.
+            ResumeStateError: [ResumeIdentityMismatch] a state of another pipeline, batching or stage list,
+                seed, num_workers or data-parallel layout; [InvalidResumeStateVersion]; [InvalidResumeState].
         """
-        check_loaded(self._shape(), state, self.dataset.resolve_context())
-        self._live.pending = state
+        self._live.load(state, check_loaded(self._shape(), state, self.dataset.resolve_context()))
 
     # -- iteration ------------------------------------------------------------------------------------------
 
@@ -324,9 +336,13 @@ class TorchLoader:
         start: dict[str, Any] = next(iter(worker_states.values()), {})
         origin = start.get("origin")  # where an elastic resume started this epoch
         iterator = LoaderIterator(
-            node, header(shape, ctx, origin), self._telemetry(node, ctx), self._watchdog(merge, run_dir)
+            node,
+            header(shape, ctx, origin),
+            self._telemetry(node, ctx),
+            self._watchdog(merge, run_dir),
+            ctx.identity(),
         )
-        self._live.iterator = iterator
+        self._live.start(iterator, warn=True)
         return iterator
 
     def _iter_plain(self, iterable: Iterable[Any]) -> LoaderIterator:
@@ -339,7 +355,7 @@ class TorchLoader:
         for stage in self.stages:
             node = stage.node(node, ctx)
         iterator = _PlainIterator(node, {})
-        self._live.iterator = iterator
+        self._live.start(iterator, warn=True)
         return iterator
 
     def _watchdog(self, merge: MergeNode, run_dir: str | None) -> StallWatchdog | None:
@@ -383,4 +399,7 @@ class _PlainIterator(LoaderIterator):
     """One pass of a TorchLoader over a plain iterable: it has no state to save."""
 
     def state_dict(self) -> dict[str, Any]:
-        raise UnsupportedResume("TorchLoader over a plain iterable: only a shardcache.Dataset resumes")
+        raise UnsupportedResume(
+            "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
+            "shardcache.Dataset resumes"
+        )

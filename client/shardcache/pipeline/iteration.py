@@ -10,10 +10,11 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, count_items, for_reader, timed_items
+from shardcache.errors import UnsupportedResume
 from shardcache.pipeline.build import build
 from shardcache.pipeline.spec import PipelineSpec
-from shardcache.resume.point import resume_point
-from shardcache.resume.state import STATE_VERSION, DatasetState
+from shardcache.resume.point import check_loaded, resume_point
+from shardcache.resume.state import STATE_VERSION, DatasetState, position_of, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
 from shardcache.sources.schedule import source_job
@@ -54,6 +55,9 @@ class PipelineIterator:
         self.source = source_below(node)
         self._next = node.__next__
         self.telemetry: Telemetry | None = None
+        self._batched = False  # what telemetry counts: batches' samples, or items
+        self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
+        self.spec: PipelineSpec | None = None  # set by `start`: what `load_state_dict` builds again
         # Node generators reference their nodes (a cycle the garbage collector would free at some later
         # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
         self._finalizer = weakref.finalize(self, node.close)
@@ -72,26 +76,66 @@ class PipelineIterator:
         )
         if telemetry is None:
             return
-        self.telemetry = telemetry
-        self._next = timed_items(self.node.__next__, telemetry, count_items if batched else None).__next__
+        self.telemetry, self._batched = telemetry, batched
+        self._attach()
         telemetry.start()  # the trainer's own process: no DataLoader forks after this
+
+    def _attach(self) -> None:
+        """Read items from `node` (timed when reporting) and close it (and the telemetry) with this one."""
+        telemetry = self.telemetry
+        self._next = self.node.__next__
+        if telemetry is not None:
+            self._next = timed_items(self._next, telemetry, count_items if self._batched else None).__next__
         # The finalizer must not hold the iterator: it closes the node and this telemetry, by reference.
         self._finalizer.detach()
         closers = (self.node.close, close_telemetry(telemetry))
         self._finalizer = weakref.finalize(self, functools.partial(close_all, *closers))
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from `state` instead (mvp-dataset's iterator method): what `Dataset.load_state_dict` takes,
+        checked the same way; the nodes are built again at its position and the current ones closed.
+
+        Raises:
+            ResumeStateError: the state does not fit (see `Dataset.load_state_dict`).
+            UnsupportedResume: an iterator not started by a Dataset.
+        """
+        spec = self.spec
+        if spec is None:
+            raise UnsupportedResume("this iterator was not started by a Dataset; load the state there")
+        replacement = start(spec, self.context, check_loaded(spec, state, self.context))
+        replacement._finalizer.detach()  # its node is this iterator's now
+        self.node.close()
+        self.node, self.context, self.source = replacement.node, replacement.context, replacement.source
+        self.exhausted = False
+        self._attach()
+
     def __iter__(self) -> PipelineIterator:
         return self
 
     def __next__(self) -> Any:
-        return self._next()
+        try:
+            return self._next()
+        except StopIteration:
+            self.exhausted = True
+            raise
 
     def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable state (`shardcache.resume.state.DatasetState`)."""
+        """The resume envelope (`shardcache.resume.state.wrap`): small and JSON-serialisable; its ``state``
+        is None once this iterator is exhausted (the next pass starts from the beginning)."""
+        return wrap(self.position(), self.context.identity(), ended=self.exhausted)
+
+    def live_state(self) -> dict[str, Any]:
+        """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
+        return position_of(self.position())
+
+    def position(self) -> dict[str, Any]:
+        """The flat state (`DatasetState`): what a TorchLoader's workers send with every item, and what a
+        loaded state becomes (`shardcache.resume.state.unwrap`)."""
         state: DatasetState = {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint,
             "stages": self.parts,
+            "seed": self.context.seed,
             "slot": self.context.slot,
             "total_slots": self.context.total_slots,
             "epoch": self.context.epoch,
@@ -122,6 +166,7 @@ def start(spec: PipelineSpec, ctx: RuntimeContext, pending: dict[str, Any] | Non
     if resume is not None:
         resume.restore(node)
     iterator = PipelineIterator(node, ctx, spec.fingerprint(), spec.parts())
+    iterator.spec = spec
     if resume is not None:
         resume.carry_over(iterator.source)
     return iterator

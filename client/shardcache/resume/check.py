@@ -176,3 +176,48 @@ def mismatch_message(state: Any, current: Sequence[str]) -> str:
     if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
         return "the state carries no stage descriptions (taken by an older version)"
     return describe_mismatch(saved, current)
+
+
+def identity_views(parts: Sequence[str]) -> dict[str, Any]:
+    """mvp-dataset's identity keys, read from a state's short descriptions (`short_descriptions`): the
+    ``source`` (its kind, options and a ``source_fingerprint``), the dataset's ``stages`` and the ``loader``
+    (its batching and stages; None for a Dataset's state), each stage as ``{"kind", "description"}``.
+
+    Views only: they follow from the descriptions, which the fingerprint covers; a state whose views were
+    edited is refused ([ResumeIdentityMismatch], `shardcache.resume.state.check_identity`).
+    """
+    if not parts:
+        return {"source": None, "stages": [], "loader": None}
+    head = parts[0]
+    kind, args, _ = _parse(head)
+    options: dict[str, Any] = {}
+    for name, text in _named(kind, args, source=True).items():
+        options[name] = _value(text)
+    source = {
+        **options,
+        "kind": kind,
+        "description": head,
+        "source_fingerprint": hashlib.sha256(head.encode()).hexdigest()[:32],
+    }
+    rest = list(parts[1:])
+    at = next((i for i, part in enumerate(rest) if _parse(part)[0] == "loader"), None)
+    dataset_stages = rest if at is None else rest[:at]
+    loader = None
+    if at is not None:
+        loader = {
+            "kind": "torch_loader",
+            "description": rest[at],
+            "stages": [_stage_view(part) for part in rest[at + 1 :]],
+        }
+    return {"source": source, "stages": [_stage_view(part) for part in dataset_stages], "loader": loader}
+
+
+def _stage_view(description: str) -> dict[str, str]:
+    return {"kind": _parse(description)[0], "description": description}
+
+
+def _value(text: str) -> Any:
+    """An option's value as written in a description (a Python repr): the string itself for strings."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text

@@ -39,7 +39,7 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.pipeline.spec import PipelineSpec
-from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version
+from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
 from shardcache.sources.partition import Layout
 from shardcache.sources.pieces import needs_counts as needs_counts
@@ -60,13 +60,53 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One state from every rank's `state_dict()` (Dataset or TorchLoader), loadable on any topology.
 
     Args:
-        states: One state per rank, in any order (duplicates from tensor-parallel co-members are fine).
+        states: One state per rank, in any order (duplicates from tensor-parallel co-members are fine);
+            envelopes, or version 1's flat states.
+
+    Returns:
+        An envelope (`shardcache.resume.state.wrap`) whose ``state`` holds every rank's flat state; its
+        ``state`` is None when every rank had ended its pass (the next pass starts from the beginning).
 
     Raises:
-        StateError: states of different pipelines, epochs or kinds, or a rank missing.
+        StateError: states of different pipelines, epochs or kinds, or a rank missing, or a rank that had
+            not begun while others had.
     """
     if not states or not all(isinstance(s, dict) for s in states):
-        raise StateError("merge_states(states): expected a non-empty list of state dicts, one per rank")
+        raise StateError(
+            "merge_states(states): expected a non-empty list of state dicts, one per rank",
+            code="InvalidResumeState",
+        )
+    loaded = [unwrap(s, "merge_states: a rank's state", keep_end=True) for s in states]
+    runtime = loaded[0].identity.get("runtime") if loaded[0].identity else None
+    seed = {"seed": runtime.get("seed")} if isinstance(runtime, dict) else None
+    if any(entry.fresh and "epoch" not in entry.flat for entry in loaded):
+        if all(entry.fresh and "epoch" not in entry.flat for entry in loaded):
+            return _not_begun([entry.flat for entry in loaded], seed)
+        raise StateError(
+            "merge_states: some ranks had not begun iterating (their state is the initial one) while others "
+            "had; take every rank's state at the same step",
+            code="InvalidResumeState",
+        )
+    flats = [entry.flat for entry in loaded]
+    merged = _merge_flat(flats)
+    return wrap(merged, seed, ended=all(entry.fresh for entry in loaded))
+
+
+def _not_begun(flats: Sequence[dict[str, Any]], runtime: Any) -> dict[str, Any]:
+    """The merged envelope of ranks that had not begun: nothing to resume, the pass starts anew."""
+    first = flats[0]
+    kind = "torch_loader" if first.get("kind") == "torch_loader" else "dataset"
+    flat = {
+        "kind": "merged",
+        "of": kind,
+        "fingerprint": first.get("fingerprint"),
+        "stages": first.get("stages"),
+    }
+    return wrap(flat, runtime, ended=True)
+
+
+def _merge_flat(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The flat merged state (`MergedState`) of every rank's flat state."""
     loader = states[0].get("kind") == "torch_loader"
     fingerprints = {s.get("fingerprint") for s in states}
     if len(fingerprints) > 1:
@@ -98,6 +138,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kind": "merged",
         "of": "torch_loader" if loader else "dataset",
         "fingerprint": states[0].get("fingerprint"),
+        "stages": states[0].get("stages"),  # what the envelope's identity shows (`identity_views`)
         "epoch": states[0].get("epoch"),
         "states": [by_rank[r] for r in range(size)],
     }

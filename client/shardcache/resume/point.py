@@ -1,10 +1,11 @@
 """Where a Dataset's iteration starts from a loaded state: the checks, and the `ResumePoint`.
 
-A state is either this reader's own `PipelineIterator.state_dict()` (`DatasetState`) or the states of every
-rank merged by `shardcache.merge_states`, which resumes on any layout (`shardcache.resume.elastic`: this
-reader's own state when the layout is unchanged, else the origin of an elastic resume).
-`Dataset.load_state_dict` checks it with `check_loaded`; the next iteration turns it into a `ResumePoint`
-(`resume_point`), which sets the epoch and restores the nodes it builds.
+A state is either this reader's own `PipelineIterator.state_dict()` (`DatasetState` in its envelope) or the
+states of every rank merged by `shardcache.merge_states`, which resumes on any layout
+(`shardcache.resume.elastic`: this reader's own state when the layout is unchanged, else the origin of an
+elastic resume). `Dataset.load_state_dict` checks it with `check_loaded`, which keeps its flat layout (None
+where the envelope's ``state`` is None: the pass starts from the beginning); the next iteration turns that
+into a `ResumePoint` (`resume_point`), which sets the epoch and restores the nodes it builds.
 """
 
 from __future__ import annotations
@@ -15,23 +16,68 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.elastic import check_merged, is_merged, own_or_origin
-from shardcache.resume.state import check_fingerprint, check_version
+from shardcache.resume.state import (
+    check_fingerprint,
+    check_identity,
+    check_seed,
+    check_version,
+    initial,
+    unwrap,
+)
 from shardcache.sources.base import SourceNode, source_below
 from shardcache.stages import Node
+from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
 
 
-def check_loaded(spec: PipelineSpec, state: dict[str, Any]) -> None:
-    """Refuse a state `spec` cannot resume from: its own kind, or a merged one (`resume.elastic`)."""
+def initial_state(spec: PipelineSpec, ctx: RuntimeContext) -> dict[str, Any]:
+    """The envelope of a reader of `spec` as `ctx` that has not begun (``state`` None)."""
+    return initial({"fingerprint": spec.fingerprint(), "stages": spec.parts()}, ctx.identity())
+
+
+def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str, Any] | None:
+    """Refuse a state `spec` (read as `ctx`) cannot resume from: its own kind, or a merged one
+    (`resume.elastic`), in an envelope or version 1's flat layout. Returns the flat layout to resume from,
+    None to start from the beginning."""
+    loaded = unwrap(blob, "resume state")
+    state = loaded.flat
     if is_merged(state):
         check_merged(state, spec.fingerprint(), spec.parts())
     else:
         check_state(spec, state, None)
+    check_identity(loaded.identity, initial_state(spec, ctx)["identity"])
+    if not loaded.fresh and not is_merged(state):
+        check_assemblers(spec, state, ctx)
+    if spec.source.context is not None:
+        # An explicit context is the one iterations use (unless iter_context names another): refuse
+        # another seed now, as mvp-dataset does; an inferred one is checked when the iteration starts.
+        check_seed(state, ctx.seed)
+    return None if loaded.fresh else state
+
+
+def check_assemblers(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> None:
+    """Refuse, when a state loads, an assembler answering another `identity()` than the one the state
+    recorded (mvp-dataset refuses it there): build one assembler per such stage and ask it."""
+    node_state: Any = state.get("pipeline")
+    for stage in reversed(spec.stages):
+        if not isinstance(node_state, dict):
+            return
+        if isinstance(stage, AssembleStage):
+            saved = AssembleNode.recorded_identity(node_state)
+            if saved is not None:
+                check_assembler_identity(saved, stage.factory(ctx))
+        try:
+            node_state = Node.state_below(node_state)
+        except StateError:
+            return  # a stage whose state holds no "up" (the walk ends; the stage checks itself later)
 
 
 def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> None:
     """Refuse a reader's own state of another version or pipeline, or (with `ctx`) for another slot."""
     if not isinstance(state, dict):
-        raise StateError(f"resume state {state!r} is not a state dict; pass what state_dict() returned")
+        raise StateError(
+            f"resume state {state!r} is not a state dict; pass what state_dict() returned",
+            code="InvalidResumeState",
+        )
     check_version(state, "resume state")
     check_fingerprint(
         state,
@@ -39,10 +85,13 @@ def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> N
         spec.parts(),
         "resume state was taken from a pipeline with another source or stage list",
     )
+    if ctx is not None:
+        check_seed(state, ctx.seed)
     if ctx is not None and (state.get("slot"), state.get("total_slots")) != (ctx.slot, ctx.total_slots):
         raise StateError(
             f"resume state is for slot {state.get('slot')} of {state.get('total_slots')}, this reader is "
-            f"slot {ctx.slot} of {ctx.total_slots}; resume with the same ranks and workers"
+            f"slot {ctx.slot} of {ctx.total_slots}; resume with the same ranks and workers",
+            code="ResumeIdentityMismatch",
         )
 
 

@@ -1,37 +1,59 @@
 """What a resume state is: its one version number, its envelope, the layout of each kind, and the live slot
 a facade answers `state_dict()` from.
 
-Every state a trainer checkpoints is a JSON-serialisable dict that starts with the same envelope — the
-format `version`, the `fingerprint` of what it was taken from, the short descriptions of that pipeline's
-parts (`stages`, for a refusal that names what differs: `shardcache.resume.check`) and the `epoch` — and
-then what its kind needs (`DatasetState`, `LoaderState`, `MergedState`). Each node's own position sits
-under ``pipeline`` in the node's own format (its `state_dict()`); this package reads a node's keys only to
-replay an elastic resume (`shardcache.resume.elastic`).
+A state a trainer checkpoints is mvp-dataset 0.2.3's envelope, JSON-serialisable (`wrap`):
+
+    {"version": 2,
+     "identity": {"runtime": ..., "source": {...}, "stages": [{"kind": ...}, ...], "loader": {...} | None,
+                  "shardcache": {"fingerprint": ..., "stages": [...], ...}},
+     "state": {...} | None}
+
+``state`` is None where the pass starts from the beginning: before any iteration, and once the iterator is
+exhausted (the next pass starts anew; the end position stays under ``end``, for `merge_states`).
+``identity`` is what a state must match to load (`check_identity`, `check_seed`); its ``shardcache`` part
+holds this package's own identity keys (`IDENTITY_KEYS`: the `fingerprint`, the short descriptions of the
+pipeline's parts for a refusal that names what differs, `shardcache.resume.check`, the seed and a loader's
+layout); ``source``/``stages``/``loader`` are read-only views of those descriptions, for code that reads
+mvp's keys. Inside, every reader works on the *flat* layout — version 1's, one dict: the identity keys then
+what each kind needs (`DatasetState`, `LoaderState`, `MergedState`) — which `unwrap` returns; a TorchLoader
+hands its workers flat states, and version-1 checkpoints are flat states that still load. Each node's own
+position sits under ``pipeline`` in the node's own format (its `state_dict()`); this package reads a node's
+keys only to replay an elastic resume (`shardcache.resume.elastic`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 from shardcache.errors import StateError
-from shardcache.resume.check import mismatch_message
+from shardcache.resume.check import identity_views, mismatch_message
+
+logger = logging.getLogger(__name__)
 
 # The one format version of every state (a reader's own, a TorchLoader's, merged, elastic). Raise it when
 # a change makes older states unreadable, and refuse the old ones with a message (`check_version`).
-STATE_VERSION = 1
+# 2: mvp-dataset's envelope (version, identity, state). Version 1 was the flat layout alone, which `unwrap`
+# still reads (`FLAT_VERSION`), so checkpoints taken before keep their meaning.
+STATE_VERSION = 2
+FLAT_VERSION = 1
+# The flat layout's keys that name what a state was taken from (the envelope's identity), not a position.
+IDENTITY_KEYS = ("kind", "of", "fingerprint", "stages", "seed", "num_workers", "dp_rank", "dp_size")
 
 
-class Envelope(TypedDict):
-    """The keys every state starts with."""
+class Header(TypedDict):
+    """The keys every flat state starts with."""
 
     version: int
     fingerprint: str
     stages: list[str]
+    seed: int  # the context's seed (`check_seed`); version-1 states lack it
     epoch: int
 
 
-class DatasetState(Envelope):
+class DatasetState(Header):
     """`Dataset.state_dict()`: one slot (rank × worker) of a pipeline."""
 
     slot: int
@@ -40,7 +62,7 @@ class DatasetState(Envelope):
     skipped_shards: int  # a count carried across a resume, not a position
 
 
-class LoaderState(Envelope):
+class LoaderState(Header):
     """`TorchLoader.state_dict()`: one data-parallel rank's loader, its workers under ``pipeline``."""
 
     kind: str  # "torch_loader"
@@ -60,15 +82,134 @@ class MergedState(TypedDict):
     kind: str  # "merged"
     of: str  # "dataset" | "torch_loader"
     fingerprint: str
+    stages: list[str]  # the first rank's, what the envelope's identity views show
     epoch: int
     states: list[dict[str, Any]]
 
 
 def check_version(state: Mapping[str, Any], what: str) -> None:
-    """Refuse a state of another format version; `what` names the state in the message."""
+    """Refuse a flat state of another format version; `what` names the state in the message."""
     version = state.get("version")
-    if version != STATE_VERSION:
-        raise StateError(f"{what} version {version!r} is not supported (expected {STATE_VERSION})")
+    if version not in (STATE_VERSION, FLAT_VERSION):
+        raise StateError(
+            f"{what} version {version!r} is not supported (expected {STATE_VERSION})",
+            code="InvalidResumeStateVersion",
+        )
+
+
+def wrap(flat: Mapping[str, Any], runtime: Any, ended: bool = False) -> dict[str, Any]:
+    """The envelope of the flat state `flat` (`runtime`: the reader's `RuntimeContext.identity()`, None for
+    a merged state). `ended`: the pass is over, so ``state`` is None and the next one starts anew; the end
+    position stays under ``end``, for `merge_states` (a rank that finished is not one that has not begun)."""
+    own = {key: flat[key] for key in IDENTITY_KEYS if key in flat}
+    inner = position_of(flat)
+    views = identity_views(own.get("stages") or [])
+    envelope: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "identity": {"runtime": runtime, **views, "shardcache": own},
+        "state": None if ended else inner,
+    }
+    if ended:
+        envelope["end"] = inner
+    return envelope
+
+
+def position_of(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """What the envelope's ``state`` holds of the flat state `flat`: all but version and identity keys."""
+    return {key: value for key, value in flat.items() if key not in IDENTITY_KEYS and key != "version"}
+
+
+def initial(own: Mapping[str, Any], runtime: Any) -> dict[str, Any]:
+    """The envelope of a reader that has not begun: its identity keys `own`, ``state`` None."""
+    return {**wrap(own, runtime), "state": None}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded state read by `unwrap`: the flat layout (identity keys only when `fresh`), whether the pass
+    starts from the beginning (``state`` None), and the envelope's identity (None for a flat state)."""
+
+    flat: dict[str, Any]
+    fresh: bool
+    identity: dict[str, Any] | None
+
+
+def unwrap(blob: Any, what: str, keep_end: bool = False) -> Loaded:
+    """Read `blob`: an envelope of this version, or a flat state (version 1's checkpoints, or a TorchLoader's
+    hand-off to its workers). `keep_end`: an ended envelope gives its end position (`merge_states`).
+
+    Raises:
+        StateError: [InvalidResumeState] not a state; [InvalidResumeStateVersion] another version.
+    """
+    if not isinstance(blob, dict):
+        raise StateError(
+            f"{what} {blob!r} is not a state dict; pass what state_dict() returned", code="InvalidResumeState"
+        )
+    if "identity" not in blob and "state" not in blob and "fingerprint" in blob:
+        check_version(blob, what)
+        return Loaded({**blob, "version": STATE_VERSION}, False, None)
+    if blob.get("version") != STATE_VERSION:
+        raise StateError(
+            f"{what} version {blob.get('version')!r} is not supported (expected {STATE_VERSION})",
+            code="InvalidResumeStateVersion",
+        )
+    identity, inner = blob.get("identity"), blob.get("state", ())
+    own = identity.get("shardcache") if isinstance(identity, dict) else None
+    if not isinstance(own, dict) or not (inner is None or isinstance(inner, dict)):
+        raise StateError(
+            f"{what} lacks its identity or state (keys {sorted(blob)}); pass what state_dict() returned",
+            code="InvalidResumeState",
+        )
+    fresh = inner is None
+    if fresh and keep_end and isinstance(blob.get("end"), dict):
+        inner = blob["end"]
+    flat = {"version": STATE_VERSION, **own, **(inner or {})}
+    return Loaded(flat, fresh, identity)
+
+
+def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
+    """Refuse an envelope whose identity differs from `current` (what this reader's states carry) where the
+    fingerprint check cannot see it: the views (``source``, ``stages``, ``loader``). The runtime is checked
+    against the context that iterates (`check_seed`, the slot), which an explicit context may set later.
+    """
+    if saved is None:
+        return
+    for key in ("source", "stages", "loader"):
+        found = _diff(saved.get(key), current.get(key), f"identity.{key}")
+        if found is not None:
+            path, before, now = found
+            raise StateError(
+                f"path={path} expected={before!r} actual={now!r}: the state was taken from another pipeline",
+                code="ResumeIdentityMismatch",
+            )
+
+
+def check_seed(state: Mapping[str, Any], seed: int) -> None:
+    """Refuse a flat state taken with another seed (version-1 states do not say theirs)."""
+    saved = state.get("seed", seed)
+    if saved != seed:
+        raise StateError(
+            f"path=identity.shardcache.seed expected={saved!r} actual={seed!r}: the state was taken with "
+            "another seed; resume with the same RuntimeContext seed",
+            code="ResumeIdentityMismatch",
+        )
+
+
+def _diff(left: Any, right: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first place two JSON trees differ: (path, left value, right value), or None."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        for key in sorted(set(left) | set(right), key=str):
+            found = _diff(left.get(key), right.get(key), f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
+        for i, (a, b) in enumerate(zip(left, right, strict=True)):
+            found = _diff(a, b, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return None if left == right else (path, left, right)
 
 
 def check_fingerprint(
@@ -83,41 +224,68 @@ def check_fingerprint(
     if state.get("fingerprint") != fingerprint:
         raise StateError(
             f"{taken_from}: {mismatch_message(described if described is not None else state, parts)} "
-            f"(fingerprint {state.get('fingerprint')} != {fingerprint})"
+            f"(fingerprint {state.get('fingerprint')} != {fingerprint})",
+            code="ResumeIdentityMismatch",
         )
 
 
 class Checkpointed(Protocol):
     """An iterator whose position is a state."""
 
+    exhausted: bool  # it raised StopIteration: its state is None, the next pass starts anew
+
     def state_dict(self) -> dict[str, Any]: ...
+
+
+# mvp-dataset's words, which its users' log filters may match.
+REPLACED_WARNING = (
+    "iter() called while a previous iterator is still active; state_dict() on this handle will follow the "
+    "new iterator."
+)
 
 
 class LiveState:
     """What a facade's `state_dict()` answers from: its latest iterator, else a state loaded and not yet
-    used. Pickled (a Dataset going to DataLoader workers) without the iterator."""
+    used, else the facade's initial state. Pickled (a Dataset going to DataLoader workers) without the
+    iterator."""
 
-    __slots__ = ("iterator", "pending")
+    __slots__ = ("iterator", "loaded", "pending")
 
     def __init__(self) -> None:
         self.iterator: Checkpointed | None = None
-        self.pending: dict[str, Any] | None = None
+        self.loaded: dict[str, Any] | None = None  # the envelope load_state_dict took, until used
+        self.pending: dict[str, Any] | None = None  # its flat layout (None: start from the beginning)
 
-    def state_dict(self, not_iterated: str) -> dict[str, Any]:
-        """The latest iterator's state, or the pending one; StateError(`not_iterated`) when neither."""
+    def state_dict(self, initial: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The latest iterator's state (``state`` None once it is exhausted), else the loaded one, else
+        `initial()`: the pass starts from the beginning (mvp-dataset answers so before any iteration)."""
         if self.iterator is not None:
             return self.iterator.state_dict()
-        if self.pending is not None:
-            return self.pending
-        raise StateError(not_iterated)
+        if self.loaded is not None:
+            return self.loaded
+        return initial()
+
+    def load(self, blob: dict[str, Any], pending: dict[str, Any] | None) -> None:
+        """Keep a checked state for the next iteration (`pending` None: it starts from the beginning); a
+        version-1 state is answered by state_dict() in this version's envelope."""
+        self.loaded = blob if "identity" in blob else wrap(blob, None)
+        self.pending = pending
+
+    def start(self, iterator: Checkpointed, warn: bool) -> None:
+        """Make `iterator` the latest, warning (`warn`: in the trainer's process) when the one it replaces
+        had not ended: state_dict() no longer follows that one."""
+        previous = self.iterator
+        if warn and previous is not None and not previous.exhausted:
+            logger.warning(REPLACED_WARNING)
+        self.iterator = iterator
 
     def take_pending(self) -> dict[str, Any] | None:
         """The loaded state, once: the iteration starting now consumes it."""
-        pending, self.pending = self.pending, None
+        pending, self.pending, self.loaded = self.pending, None, None
         return pending
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"pending": self.pending}
+        return {"pending": self.pending, "loaded": self.loaded}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.iterator, self.pending = None, state["pending"]
+        self.iterator, self.pending, self.loaded = None, state["pending"], state.get("loaded")

@@ -10,10 +10,15 @@ upstream from there and drops that many outputs.
 - An assembler with them is checkpointed every `CHECKPOINT_EVERY` inputs, so a resume re-reads at most that
   many. The state then carries the assembler's state as it returns it, which for a packer is typically its
   pending inputs: sample data the assembler cannot do without, so keep it JSON-serialisable and small.
+- An assembler with an `identity()` (mvp-dataset's protocol) has it recorded in the state once the stage
+  started, when it is JSON; a resume whose assembler answers another identity is refused
+  ([ResumeIdentityMismatch]): by `Dataset.load_state_dict`, which builds one assembler to ask
+  (`check_assembler_identity`), and in any case when the stage starts.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -49,6 +54,30 @@ class AssembleStage:
         return f"assemble({callable_name(self.factory)},{self.drop_last})"
 
 
+def _identity(assembler: Any) -> Any:
+    """The assembler's `identity()` when it has one that is JSON (what a state can carry), else None."""
+    method = getattr(assembler, "identity", None)
+    if not callable(method):
+        return None
+    value = method()
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def check_assembler_identity(saved: Any, assembler: Any) -> None:
+    """Refuse an assembler whose identity is not the `saved` one (None: none was recorded)."""
+    identity = _identity(assembler)
+    if saved is not None and identity != saved:
+        raise StateError(
+            f"path=identity.assembler expected={saved!r} actual={identity!r}: the resume state was taken "
+            "with another assembler",
+            code="ResumeIdentityMismatch",
+        )
+
+
 def _stateful(assembler: Any) -> bool:
     return callable(getattr(assembler, "state_dict", None)) and callable(
         getattr(assembler, "load_state_dict", None)
@@ -67,11 +96,14 @@ class AssembleNode(Node):
         self._mark: tuple[State, Any] | None = None  # (upstream state, assembler state or None)
         self._loaded: Any = None
         self._emitted = 0
+        self._identity: Any = None  # the assembler's identity(): recorded, or loaded to compare
 
     def gen(self) -> Iterator[Any]:
         up = self.up
         assembler: Any = self.factory(self.ctx)
         stateful = _stateful(assembler)
+        check_assembler_identity(self._identity, assembler)
+        self._identity = _identity(assembler)
         if self._loaded is not None:
             if not stateful:
                 raise StateError(
@@ -105,9 +137,18 @@ class AssembleNode(Node):
 
     def state_dict(self) -> State:
         if self._mark is None:
-            return {"up": self.up.state_dict(), "assembler": self._loaded, "emitted": self._emitted}
-        up, assembler = self._mark
-        return {"up": up, "assembler": assembler, "emitted": self._emitted}
+            state = {"up": self.up.state_dict(), "assembler": self._loaded, "emitted": self._emitted}
+        else:
+            up, assembler = self._mark
+            state = {"up": up, "assembler": assembler, "emitted": self._emitted}
+        if self._identity is not None:
+            state["identity"] = self._identity
+        return state
+
+    @staticmethod
+    def recorded_identity(state: State) -> Any:
+        """The assembler identity a state of this node recorded (None: none)."""
+        return state.get("identity")
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
@@ -116,6 +157,7 @@ class AssembleNode(Node):
         if "assembler" not in state:
             raise StateError("resume state is missing 'assembler'; it was not taken from this pipeline")
         self._loaded = state["assembler"]
+        self._identity = state.get("identity")
 
     def close(self) -> None:
         super().close()
