@@ -322,3 +322,36 @@ def test_a_plain_iterable_loader_state_is_unsupported_with_its_code() -> None:
     next(it)
     with pytest.raises(UnsupportedResume, match=r"^\[UnsupportedResume\] TorchLoader dataset does not"):
         it.state_dict()
+
+
+def test_state_shows_the_source_round_of_a_resampling_pipeline(tars: list[str]) -> None:
+    it = iter(Dataset.from_source("tars", tars, daemon=None, resample=True))
+    for _ in range(25):  # 4 shards of 5 samples: the second round has begun
+        next(it)
+    state = it.state_dict()
+    assert state["state"]["source"] == {"epoch": 0, "round_index": 1}
+    again = Dataset.from_source("tars", tars, daemon=None, resample=True)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert next(iter(again)) == next(it)
+
+
+def test_the_source_view_is_not_part_of_the_position(tars: list[str]) -> None:
+    it = iter(dataset(tars))
+    next(it)
+    state = it.state_dict()
+    state["state"]["source"] = {"epoch": 7, "round_index": 9}  # a view: editing it changes nothing
+    resumed = dataset(tars)
+    resumed.load_state_dict(state)
+    assert keys(resumed) == keys(it)
+
+
+def test_identity_views_keep_the_kind_of_a_stage_with_a_long_description(tars: list[str]) -> None:
+    def a_function_with_a_name_long_enough_to_make_the_description_longer_than_the_limit(x: Any) -> Any:
+        return x
+
+    it = iter(
+        dataset(tars).map(a_function_with_a_name_long_enough_to_make_the_description_longer_than_the_limit)
+    )
+    next(it)
+    kinds = [stage["kind"] for stage in it.state_dict()["identity"]["stages"]]
+    assert kinds == ["shuffle", "map"]

@@ -14,7 +14,7 @@ from shardcache.errors import UnsupportedResume
 from shardcache.pipeline.build import build
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.point import check_loaded, resume_point
-from shardcache.resume.state import STATE_VERSION, DatasetState, position_of, wrap
+from shardcache.resume.state import STATE_VERSION, DatasetState, live_of, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
 from shardcache.sources.schedule import source_job
@@ -126,7 +126,7 @@ class PipelineIterator:
 
     def live_state(self) -> dict[str, Any]:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return position_of(self.position())
+        return live_of(self.position())
 
     def position(self) -> dict[str, Any]:
         """The flat state (`DatasetState`): what a TorchLoader's workers send with every item, and what a

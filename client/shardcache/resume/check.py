@@ -60,14 +60,25 @@ def source_description(description: str) -> str:
     return f"{name}({options}) shards={len(listed)} urls={digest}"
 
 
+def stage_description(description: str) -> str:
+    """A stage's `describe()` made short: its kind kept, long arguments hashed (`kind(<N chars ...>)`)."""
+    if len(description) <= _LONG:
+        return description
+    kind, paren, rest = description.partition("(")
+    if not paren or not kind.isidentifier():
+        return _short(description)
+    return f"{kind}({_short(rest[:-1] if rest.endswith(')') else rest)})"
+
+
 def short_descriptions(source_description_text: str, stage_descriptions: Sequence[str]) -> list[str]:
-    """What a state stores: the short source description, then each stage's description (long ones hashed).
+    """What a state stores: the short source description, then each stage's description (long ones hashed,
+    their kind kept).
 
     Args:
         source_description_text: `SourceSpec.describe()`.
         stage_descriptions: `Stage.describe()` of each stage, in order.
     """
-    return [source_description(source_description_text), *(_short(d) for d in stage_descriptions)]
+    return [source_description(source_description_text), *(stage_description(d) for d in stage_descriptions)]
 
 
 def pipeline_parts(source: Any, stages: Sequence[Any]) -> list[str]:
@@ -212,8 +223,14 @@ def identity_views(parts: Sequence[str]) -> dict[str, Any]:
     return {"source": source, "stages": [_stage_view(part) for part in dataset_stages], "loader": loader}
 
 
+# Our stage kinds under mvp-dataset's names, in the identity views: mvp-dataset builds resolve_ref() as an
+# assemble stage, so code reading its identities finds "assemble" there.
+_MVP_KIND = {"resolve_ref": "assemble"}
+
+
 def _stage_view(description: str) -> dict[str, str]:
-    return {"kind": _parse(description)[0], "description": description}
+    kind = _parse(description)[0]
+    return {"kind": _MVP_KIND.get(kind, kind), "description": description}
 
 
 def _value(text: str) -> Any:

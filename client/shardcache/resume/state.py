@@ -30,6 +30,8 @@ from typing import Any, Protocol, TypedDict
 
 from shardcache.errors import StateError
 from shardcache.resume.check import identity_views, mismatch_message
+from shardcache.sources.base import unit_round
+from shardcache.stages.base import Node
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ def wrap(flat: Mapping[str, Any], runtime: Any, ended: bool = False) -> dict[str
     a merged state). `ended`: the pass is over, so ``state`` is None and the next one starts anew; the end
     position stays under ``end``, for `merge_states` (a rank that finished is not one that has not begun)."""
     own = {key: flat[key] for key in IDENTITY_KEYS if key in flat}
-    inner = position_of(flat)
+    inner = live_of(flat)
     views = identity_views(own.get("stages") or [])
     envelope: dict[str, Any] = {
         "version": STATE_VERSION,
@@ -117,6 +119,25 @@ def wrap(flat: Mapping[str, Any], runtime: Any, ended: bool = False) -> dict[str
 def position_of(flat: Mapping[str, Any]) -> dict[str, Any]:
     """What the envelope's ``state`` holds of the flat state `flat`: all but version and identity keys."""
     return {key: value for key, value in flat.items() if key not in IDENTITY_KEYS and key != "version"}
+
+
+def live_of(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The envelope's ``state`` of the flat state `flat`: its position (`position_of`), with mvp-dataset's
+    ``source`` view where there is one (`_source_view`)."""
+    inner = position_of(flat)
+    source = _source_view(flat.get("pipeline"))
+    return inner if source is None else {**inner, "source": source}
+
+
+def _source_view(pipeline: Any) -> dict[str, Any] | None:
+    """mvp-dataset's ``state["source"]`` view (its documented checkpoint shape), read from the source at the
+    bottom of a Dataset state's node chain: the epoch and ``round_index`` (the resample round). None for a
+    TorchLoader's state (its workers' sources are under their own states) or a mix."""
+    state = pipeline
+    while isinstance(state, dict) and isinstance(state.get("up"), dict):
+        state = Node.state_below(state)
+    found = unit_round(state)
+    return None if found is None else {"epoch": found[0], "round_index": found[1]}
 
 
 def initial(own: Mapping[str, Any], runtime: Any) -> dict[str, Any]:
@@ -163,7 +184,9 @@ def unwrap(blob: Any, what: str, keep_end: bool = False) -> Loaded:
     fresh = inner is None
     if fresh and keep_end and isinstance(blob.get("end"), dict):
         inner = blob["end"]
-    flat = {"version": STATE_VERSION, **own, **(inner or {})}
+    # ``source`` is a view (`_source_view`), never read back: the position is the rest.
+    position = {key: value for key, value in (inner or {}).items() if key != "source"}
+    flat = {"version": STATE_VERSION, **own, **position}
     return Loaded(flat, fresh, identity)
 
 

@@ -395,6 +395,14 @@ def unit_position(state: State) -> tuple[int, int] | None:
     return int(state["pos"]), int(state["index"])
 
 
+def unit_round(state: State) -> tuple[int, int] | None:
+    """(epoch, round) of a source's state: the epoch and the resample round it reads; None for a state of
+    something else."""
+    if not isinstance(state, dict) or not isinstance(state.get("round"), int):
+        return None
+    return int(state["epoch"]), int(state["round"])
+
+
 def source_below(node: Node) -> SourceNode | None:
     """The source node at the bottom of a stage chain (None for a composed root such as a mix, whose
     sources come and go)."""
