@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "base",
         (
             "shardcache.context",
+            "shardcache.durable",
             "shardcache.envvars",
             "shardcache.errors",
             "shardcache.extras",

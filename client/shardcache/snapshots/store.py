@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import envvars
+from shardcache.durable import fsync_dir, fsync_tree
+from shardcache.durable import read_json as read_json
+from shardcache.durable import write_json_atomic as write_json_atomic
 from shardcache.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -46,46 +48,6 @@ def resolve_cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR` (else its alias `$MVP_DATASET_CACHE_DIR`),
     else `.cache` in the working directory (`envvars.cache_root`, shared with the Lance indexes)."""
     return envvars.cache_root(cache_dir)
-
-
-def fsync_tree(root: Path) -> None:
-    """Flush every file and directory under `root` to disk before it is published."""
-    for directory, _dirs, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(directory))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write `payload` as JSON to `path` via a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when it does not exist or is unreadable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            payload = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
 
 
 class FileLock:
@@ -192,7 +154,7 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_tree(tmp)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from shardcache import envvars
+from shardcache.durable import fsync_dir, fsync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class IndexEntry:
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
             (tmp / COMPLETE).write_text("", encoding="utf-8")
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             source_json = final.parent.parent / "source.json"
             final.parent.mkdir(parents=True, exist_ok=True)
             if not source_json.is_file():
@@ -230,7 +231,7 @@ class IndexEntry:
                 os.rename(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             os.rename(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             return manifest
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already when published
@@ -242,22 +243,3 @@ class IndexEntry:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return Reusable(final, files) if isinstance(files, dict) else None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush the build's files before the rename publishes them (a crash must not publish empty files)."""
-    for item in folder.iterdir():
-        fd = os.open(item, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    _fsync_dir(folder)
