@@ -22,6 +22,7 @@ from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
 from shardcache.pipeline.iteration import PipelineIterator, start
+from shardcache.pipeline.mixed import mixed_source
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.point import check_loaded, initial_state
 from shardcache.resume.state import LiveState
@@ -108,11 +109,9 @@ class Dataset:
         Raises:
             ConfigError: an unknown kind or argument, or a bad value; the message names it.
         """
-        if (
-            source_kind == "mixed"
-        ):  # sources=, strategy=, weights= (see shardcache.pipeline.mixing.mixed_source)
+        if source_kind == "mixed":  # sources=, strategy=, weights= (see shardcache.pipeline.mixed)
             members = _specs_of(options.pop("sources", shards))
-            return cls(mixing.mixed_source(members, context=context, **options))
+            return cls(mixed_source(members, context=context, **options))
         kind = canonical_kind(source_kind)
         if context is not None and not isinstance(context, RuntimeContext):
             raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")

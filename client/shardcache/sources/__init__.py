@@ -9,9 +9,10 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.sources import jsonl, lance, parquet, tars
-from shardcache.sources.base import SourceNode, SourceSpec, check_on_error
+from shardcache.sources.base import SourceNode
 from shardcache.sources.partition import Unit, check_partition_options
 from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
+from shardcache.sources.spec import SourceSpec, check_on_error
 from shardcache.sources.subset import check_subset
 
 # The shard kinds' partitioning options (`shardcache.sources.partition`).

@@ -1,4 +1,4 @@
-"""What every source shares: its frozen spec, and the iterator over one slot's units in epoch order.
+"""What every source shares: the iterator over one slot's units in epoch order (its spec: `sources.spec`).
 
 A source splits its shards into units (a tar shard, a slice of a jsonl file, a parquet row group), and a slot
 reads its units in an order fixed by (seed, epoch, round). Position = (epoch, round, index in the slot's unit
@@ -17,104 +17,37 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import (
-    ConfigError,
     CorruptShardError,
     RemoteFailed,
     RemoteNotFound,
     StateError,
 )
-from shardcache.formatting import callable_name
 from shardcache.shards import ShardRef
 from shardcache.sources.counting import RunFacts, unit_counts
-from shardcache.sources.lance_order import shown as lance_shown
-from shardcache.sources.opener import DaemonSetting, ShardOpener
-from shardcache.sources.options import PlanHints, SourceOptions
+from shardcache.sources.opener import ShardOpener
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
 from shardcache.sources.pieces import needs_counts, remaining_pieces
 from shardcache.sources.schedule import (
     PlanTracker,
-    order_neutral,
-    shuffles_units,
     slot_order,
     source_job,
 )
+from shardcache.sources.spec import SourceSpec
 from shardcache.sources.subset import select_units
 from shardcache.stages.base import Node, State
 
 logger = logging.getLogger(__name__)
 
-ON_ERROR = ("raise", "skip")
 # What `on_error="skip"` skips: the shard is bad or unreachable for good. Not DaemonUnavailable (the client
 # falls back to direct reads), NotAllowed, BadRequest or InsufficientCapacity (configuration to fix).
 SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
-
-
-def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
-    """Validate the `columns` and `batch_size` keyword arguments of the tabular sources (parquet, lance)."""
-    columns = options.get("columns")
-    if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
-        raise ConfigError(f"columns={columns!r}: expected a list of column names or None")
-    batch_size = options.get("batch_size", 65536)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
-
-
-def check_on_error(options: Mapping[str, Any]) -> None:
-    """Validate `on_error` ("raise" or "skip")."""
-    if options.get("on_error", "raise") not in ON_ERROR:
-        raise ConfigError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """A source: its kind, shards, the user's kind-specific options (as given: see `sources.options`), an
-    optional explicit context, the daemon setting, and the internal fields features set (`hints`)."""
-
-    kind: str
-    shards: tuple[ShardRef, ...]
-    options: Mapping[str, Any] = field(default_factory=dict)
-    context: RuntimeContext | None = None
-    daemon: DaemonSetting = "auto"
-    hints: PlanHints = field(default_factory=PlanHints)
-
-    @property
-    def resample(self) -> bool:
-        return bool(self.options.get("resample", False))
-
-    @property
-    def shuffles_units(self) -> bool:
-        """Whether the unit order is permuted per epoch (`shuffle_mode`, see `sources.schedule`)."""
-        return shuffles_units(self.kind, self.options)
-
-    def describe(self) -> str:
-        """A stable description (no object ids) used for state and cache fingerprints."""
-
-        def show(value: Any, name: str = "") -> str:
-            canonical = lance_shown(name, value) if self.kind == "lance" else None
-            if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
-                return canonical
-            if callable(value):
-                return callable_name(value)
-            if isinstance(value, (list, tuple)):
-                return "[" + ",".join(show(v) for v in value) + "]"
-            return repr(value)
-
-        # Credentials (lance storage_options) and options that leave the data and its order as their
-        # default does (`schedule.order_neutral`) change neither the data nor the fingerprint; of the hints,
-        # only those that choose samples (subset, filter) do, spelled as the keywords were.
-        given = {**self.options, **self.hints.described()}
-        shown = (
-            k for k in sorted(given) if k != "storage_options" and not order_neutral(self.kind, k, given[k])
-        )
-        options = ",".join(f"{k}={show(given[k], k)}" for k in shown)
-        urls = "\n".join(ref.url for ref in self.shards)
-        return f"{self.kind}({options})\n{urls}"
 
 
 class SourceNode(Node):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, check_columns_and_batch_size
+from shardcache.sources.base import SourceNode
 from shardcache.sources.lance_access import lance_module, storage_options_for
 from shardcache.sources.lance_index import filter_positions
 from shardcache.sources.lance_order import (
@@ -53,6 +53,7 @@ from shardcache.sources.lance_rows import LanceRows
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
+from shardcache.sources.spec import check_columns_and_batch_size
 from shardcache.sources.subset import select_rows
 
 logger = logging.getLogger(__name__)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode, check_columns_and_batch_size
+from shardcache.sources.base import SourceNode
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
+from shardcache.sources.spec import check_columns_and_batch_size
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,83 @@
+"""`SourceSpec`: the frozen description of a source — its kind, shards, the user's options as given, an
+optional explicit context, the daemon setting and the internal hints — and the keyword checks every kind
+shares. What a source node reads with it is `sources.base`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError
+from shardcache.formatting import callable_name
+from shardcache.shards import ShardRef
+from shardcache.sources.lance_order import shown as lance_shown
+from shardcache.sources.opener import DaemonSetting
+from shardcache.sources.options import PlanHints
+from shardcache.sources.schedule import order_neutral, shuffles_units
+
+ON_ERROR = ("raise", "skip")
+
+
+def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
+    """Validate the `columns` and `batch_size` keyword arguments of the tabular sources (parquet, lance)."""
+    columns = options.get("columns")
+    if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
+        raise ConfigError(f"columns={columns!r}: expected a list of column names or None")
+    batch_size = options.get("batch_size", 65536)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+
+
+def check_on_error(options: Mapping[str, Any]) -> None:
+    """Validate `on_error` ("raise" or "skip")."""
+    if options.get("on_error", "raise") not in ON_ERROR:
+        raise ConfigError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source: its kind, shards, the user's kind-specific options (as given: see `sources.options`), an
+    optional explicit context, the daemon setting, and the internal fields features set (`hints`)."""
+
+    kind: str
+    shards: tuple[ShardRef, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    context: RuntimeContext | None = None
+    daemon: DaemonSetting = "auto"
+    hints: PlanHints = field(default_factory=PlanHints)
+
+    @property
+    def resample(self) -> bool:
+        return bool(self.options.get("resample", False))
+
+    @property
+    def shuffles_units(self) -> bool:
+        """Whether the unit order is permuted per epoch (`shuffle_mode`, see `sources.schedule`)."""
+        return shuffles_units(self.kind, self.options)
+
+    def describe(self) -> str:
+        """A stable description (no object ids) used for state and cache fingerprints."""
+
+        def show(value: Any, name: str = "") -> str:
+            canonical = lance_shown(name, value) if self.kind == "lance" else None
+            if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
+                return canonical
+            if callable(value):
+                return callable_name(value)
+            if isinstance(value, (list, tuple)):
+                return "[" + ",".join(show(v) for v in value) + "]"
+            return repr(value)
+
+        # Credentials (lance storage_options) and options that leave the data and its order as their
+        # default does (`schedule.order_neutral`) change neither the data nor the fingerprint; of the hints,
+        # only those that choose samples (subset, filter) do, spelled as the keywords were.
+        given = {**self.options, **self.hints.described()}
+        shown = (
+            k for k in sorted(given) if k != "storage_options" and not order_neutral(self.kind, k, given[k])
+        )
+        options = ",".join(f"{k}={show(given[k], k)}" for k in shown)
+        urls = "\n".join(ref.url for ref in self.shards)
+        return f"{self.kind}({options})\n{urls}"
