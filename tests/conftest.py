@@ -21,6 +21,21 @@ from tests.support.start_methods import ALL_METHODS, LOADER_METHODS
 from tests.support.tools import IN_CI, unavailable
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_root_outside_the_repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The unified cache root (snapshots, Lance filter and reference indexes) defaults to `./.cache` of the
+    working directory; tests that do not choose one write under a session temporary directory instead of
+    the repository. Tests of the default itself remove the variable with monkeypatch."""
+    if os.environ.get("SHARDCACHE_CACHE_DIR") or os.environ.get("MVP_DATASET_CACHE_DIR"):
+        yield
+        return
+    os.environ["SHARDCACHE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache-root"))
+    try:
+        yield
+    finally:
+        os.environ.pop("SHARDCACHE_CACHE_DIR", None)
+
+
 def _fail_skip_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
