@@ -7,10 +7,7 @@ Resume states (identity, checks, the workers' start states) are `shardcache.load
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -18,6 +15,7 @@ from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
+from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
 from shardcache.loader.plain import PlainNode, PlainStream
 from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
 from shardcache.loader.stream import (
@@ -29,8 +27,7 @@ from shardcache.loader.stream import (
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
-from shardcache.pipeline.iteration import close_all, close_telemetry
-from shardcache.resume.state import LiveState, position_of, wrap
+from shardcache.resume.state import LiveState
 from shardcache.sources.schedule import source_job
 from shardcache.stages import Node, Stage, builders
 
@@ -38,73 +35,6 @@ logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
 # workers); dropped (with a debug line) when num_workers=0, so one set of arguments serves both.
 _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
-
-
-class LoaderIterator:
-    """One pass of a TorchLoader; `state_dict()` is the position before the next item it yields."""
-
-    def __init__(
-        self,
-        node: Node,
-        header: dict[str, Any],
-        telemetry: Telemetry | None = None,
-        watchdog: StallWatchdog | None = None,
-        runtime: dict[str, Any] | None = None,
-    ) -> None:
-        self.node = node
-        self.header = header
-        self.telemetry = telemetry
-        self.runtime = runtime
-        self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
-        self._next = node.__next__
-        # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
-        # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
-        # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
-        # each. Closing when this (acyclic) object is released stops the workers at once.
-        closers = (None if watchdog is None else watchdog.close, node.close, close_telemetry(telemetry))
-        self._finalizer = weakref.finalize(self, functools.partial(close_all, *closers))
-
-    def __iter__(self) -> LoaderIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            telemetry = self.telemetry
-            if telemetry is None:
-                return self._next()
-            started = time.perf_counter()
-            item = self._next()
-        except StopIteration:
-            self.exhausted = True
-            raise
-        telemetry.record(time.perf_counter() - started, item)
-        return item
-
-    @property
-    def skipped_shards(self) -> int:
-        """Shards the workers skipped under `on_error="skip"` / `on_corrupt="skip"`, as far as consumed."""
-        merge = _merge_of(self.node)
-        return 0 if merge is None else merge.skipped_shards
-
-    def state_dict(self) -> dict[str, Any]:
-        """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
-        identity and layout, then its epoch and every node's position (None once exhausted)."""
-        return wrap({**self.header, "pipeline": self.node.state_dict()}, self.runtime, ended=self.exhausted)
-
-    def live_state(self) -> dict[str, Any]:
-        """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return position_of({**self.header, "pipeline": self.node.state_dict()})
-
-    def close(self) -> None:
-        """Stop the workers and close the loader-side stages."""
-        self._finalizer()
-
-
-def _merge_of(node: Node) -> MergeNode | None:
-    seen: Any = node
-    while seen is not None and not isinstance(seen, MergeNode):
-        seen = getattr(seen, "up", None)
-    return seen if isinstance(seen, MergeNode) else None
 
 
 class TorchLoader:
@@ -284,7 +214,7 @@ class TorchLoader:
         """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
         spec = self.dataset.source
         job = source_job(spec.hints.job, spec.shards, ctx.seed)
-        merge = _merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
+        merge = merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
         # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
         workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
         batched = items_are_batches((s.kind for s in self.stages), workers_batch)
@@ -354,7 +284,7 @@ class TorchLoader:
         node: Node = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
         for stage in self.stages:
             node = stage.node(node, ctx)
-        iterator = _PlainIterator(node, {})
+        iterator = PlainIterator(node, {})
         self._live.start(iterator, warn=True)
         return iterator
 
@@ -393,13 +323,3 @@ class TorchLoader:
             device_process_group,
         )
         return self._add(stage)
-
-
-class _PlainIterator(LoaderIterator):
-    """One pass of a TorchLoader over a plain iterable: it has no state to save."""
-
-    def state_dict(self) -> dict[str, Any]:
-        raise UnsupportedResume(
-            "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
-            "shardcache.Dataset resumes"
-        )

@@ -23,6 +23,7 @@ from shardcache.errors import ConfigError
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
 from shardcache.sources.schedule import source_job
+from shardcache.stages.builders import positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,7 @@ def mini_epochs(
         ...     for chunk_index, chunk in enumerate(dataset.mini_epochs(20)):
         ...         train(chunk); save_checkpoint(epoch, chunk_index); validate()
     """
-    if isinstance(shards_per_chunk, bool) or not isinstance(shards_per_chunk, int) or shards_per_chunk < 1:
-        raise ConfigError(f"shards_per_chunk={shards_per_chunk!r}: expected a positive integer")
+    positive_int("shards_per_chunk", shards_per_chunk)
     if spec.composed:
         raise ConfigError("mini_epochs() of a mix is not supported: chunk each dataset, then mix the chunks")
     if spec.source.resample:

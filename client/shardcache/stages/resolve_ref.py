@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from shardcache.errors import ConfigError, StateError
 from shardcache.sources.lance_refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
 from shardcache.stages.base import Node, State
+from shardcache.stages.builders import positive_int
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,7 @@ def resolve_ref_stage(
             f"resolve_ref: {', '.join(map(repr, unknown))} not in the lance source's ref_columns "
             f"(configured: {sorted(configured) or 'none'}); pass ref_columns= to from_source('lance', ...)"
         )
-    if (
-        not isinstance(resolve_batch_size, int)
-        or isinstance(resolve_batch_size, bool)
-        or resolve_batch_size < 1
-    ):
-        raise ConfigError(f"resolve_batch_size={resolve_batch_size!r}: expected a positive integer")
+    positive_int("resolve_batch_size", resolve_batch_size)
     check_index(index)
     storage = options.get("storage_options")
     # Versions are pinned here, as mvp-dataset does, so the pipeline resolves against one snapshot.

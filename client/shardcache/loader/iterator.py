@@ -1,0 +1,95 @@
+"""One pass of a TorchLoader: `LoaderIterator` (its items, telemetry, state and clean stop) and
+`PlainIterator` (over a plain iterable, which has no state to save)."""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any
+
+from shardcache.daemon_access.telemetry import Telemetry
+from shardcache.errors import UnsupportedResume
+from shardcache.loader.stream import MergeNode
+from shardcache.loader.watchdog import StallWatchdog
+from shardcache.pipeline.iteration import close_all, close_telemetry
+from shardcache.resume.state import live_of, wrap
+from shardcache.stages import Node
+
+
+class LoaderIterator:
+    """One pass of a TorchLoader; `state_dict()` is the position before the next item it yields."""
+
+    def __init__(
+        self,
+        node: Node,
+        header: dict[str, Any],
+        telemetry: Telemetry | None = None,
+        watchdog: StallWatchdog | None = None,
+        runtime: dict[str, Any] | None = None,
+    ) -> None:
+        self.node = node
+        self.header = header
+        self.telemetry = telemetry
+        self.runtime = runtime
+        self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
+        self._next = node.__next__
+        # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
+        # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
+        # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
+        # each. Closing when this (acyclic) object is released stops the workers at once.
+        closers = (None if watchdog is None else watchdog.close, node.close, close_telemetry(telemetry))
+        self._finalizer = weakref.finalize(self, functools.partial(close_all, *closers))
+
+    def __iter__(self) -> LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            telemetry = self.telemetry
+            if telemetry is None:
+                return self._next()
+            started = time.perf_counter()
+            item = self._next()
+        except StopIteration:
+            self.exhausted = True
+            raise
+        telemetry.record(time.perf_counter() - started, item)
+        return item
+
+    @property
+    def skipped_shards(self) -> int:
+        """Shards the workers skipped under `on_error="skip"` / `on_corrupt="skip"`, as far as consumed."""
+        merge = merge_of(self.node)
+        return 0 if merge is None else merge.skipped_shards
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
+        identity and layout, then its epoch and every node's position (None once exhausted)."""
+        return wrap({**self.header, "pipeline": self.node.state_dict()}, self.runtime, ended=self.exhausted)
+
+    def live_state(self) -> dict[str, Any]:
+        """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
+        return live_of({**self.header, "pipeline": self.node.state_dict()})
+
+    def close(self) -> None:
+        """Stop the workers and close the loader-side stages."""
+        self._finalizer()
+
+
+def merge_of(node: Node) -> MergeNode | None:
+    """The merge of the workers' streams under a chain of loader-side stages (None for a plain iterable)."""
+    seen: Any = node
+    while seen is not None and not isinstance(seen, MergeNode):
+        seen = getattr(seen, "up", None)
+    return seen if isinstance(seen, MergeNode) else None
+
+
+class PlainIterator(LoaderIterator):
+    """One pass of a TorchLoader over a plain iterable: it has no state to save."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise UnsupportedResume(
+            "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
+            "shardcache.Dataset resumes"
+        )
