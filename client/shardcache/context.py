@@ -51,6 +51,12 @@ def _torch_worker_info() -> tuple[int, int] | None:
     return None if info is None else (int(info.id), int(info.num_workers))
 
 
+def torch_worker_id() -> int | None:
+    """The id of the torch DataLoader worker running this code (None in the trainer's own process)."""
+    info = _torch_worker_info()
+    return None if info is None else info[0]
+
+
 def torch_distributed() -> Any:
     """`torch.distributed` when it is imported and initialised in this process, else None."""
     dist = sys.modules.get("torch.distributed")

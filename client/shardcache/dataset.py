@@ -15,8 +15,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from shardcache.context import RuntimeContext, in_main_process
+from shardcache.context import RuntimeContext, in_main_process, torch_worker_id
+from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
+from shardcache.frameworks import accelerate_skips_batches, accelerate_splits
 from shardcache.pipeline import mini_epochs as chunks
 from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
@@ -25,7 +27,7 @@ from shardcache.pipeline.iteration import PipelineIterator, start
 from shardcache.pipeline.mixed import mixed_source
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.point import check_loaded, initial_state
-from shardcache.resume.state import LiveState
+from shardcache.resume.state import LiveState, ended_epoch
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.snapshots.boundary import cached
 from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
@@ -59,12 +61,12 @@ class Dataset:
 
     def __init__(self, spec: PipelineSpec, *, epoch: int | None = None) -> None:
         self._spec = spec
-        self._epoch = epoch
+        self._clock = EpochClock(epoch)  # the next pass's epoch, shared with DataLoader workers
         self._live = LiveState()
         _register_with_torch()
 
     def _derive(self, spec: PipelineSpec) -> Dataset:
-        return Dataset(spec, epoch=self._epoch)
+        return Dataset(spec, epoch=self._clock.next)
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -253,15 +255,22 @@ class Dataset:
     # -- epochs, state, fingerprints ------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Use `epoch` for the next iterations: shard order and shuffles derive from (seed, epoch)."""
+        """Read `epoch` in the next pass; later passes go on from it (`shardcache.epochs`). Shard order and
+        shuffles derive from (seed, epoch). Without it, each new pass reads the epoch after the last one."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r}: expected a non-negative integer")
-        self._epoch = epoch
+        self._clock.set(epoch)
+
+    @property
+    def epoch_clock(self) -> EpochClock:
+        """Which epoch the next pass reads (`shardcache.epochs`); a TorchLoader's passes advance it too."""
+        return self._clock
 
     @property
     def epoch(self) -> int | None:
-        """The epoch set by `set_epoch` (None: the context's)."""
-        return self._epoch
+        """The epoch the next pass reads: set by `set_epoch` or advanced by the passes before (None: the
+        context's, before any pass)."""
+        return self._clock.next
 
     def fingerprint(self) -> str:
         """A stable hash of the source and stage list (what a resume state must match)."""
@@ -284,6 +293,9 @@ class Dataset:
                 [InvalidResumeState] (not a state).
         """
         self._live.load(state, check_loaded(self._spec, state, self.resolve_context()))
+        after = ended_epoch(state)
+        if after is not None:  # the saved pass had ended: the next one reads the epoch after it
+            self._clock.set(after + 1)
 
     def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
         """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
@@ -314,24 +326,58 @@ class Dataset:
 
     def resolve_context(self, context: RuntimeContext | None = None) -> RuntimeContext:
         """The context an iteration uses: explicit (adjusted to the torch worker running it) or inferred."""
-        return self._spec.resolve_context(context, self._epoch)
+        return self._spec.resolve_context(context, self._clock.next)
 
     def iter_context(self, context: RuntimeContext | None = None) -> PipelineIterator:
-        """Iterate as the slot `context` names (tests simulate ranks and workers this way)."""
-        iterator = start(self._spec, self.resolve_context(context), self._live.take_pending())
+        """Iterate as the slot `context` names (tests simulate ranks and workers this way); the epoch is the
+        dataset's next one, and the pass does not advance it (`__iter__` does)."""
+        return self._start(self.resolve_context(context))
+
+    def _start(self, ctx: RuntimeContext) -> PipelineIterator:
+        iterator = start(self._spec, ctx, self._live.take_pending())
         self._live.start(iterator, warn=in_main_process())
         return iterator
 
     def __iter__(self) -> PipelineIterator:
-        if in_main_process():
-            self.count_samples()
-        iterator = self.iter_context(None)
-        if in_main_process():
+        worker = torch_worker_id()
+        ctx = self._reader_context()
+        if worker is None:
+            self.count_samples(ctx)
+            iterator = self._start(ctx)
+            # The pass counts once it yields: the next iter() reads the next epoch (`shardcache.epochs`).
+            iterator.on_first_item(self._clock.passed)
             # A trainer's own loop: report its wait time to the daemon (DataLoader workers do not; a
             # TorchLoader reports for all of them from the main process).
             kinds = [stage.kind for stage in self.stages if stage.kind in ("batch", "unbatch")]
             iterator.report_to_daemon(self.source, batched=bool(kinds) and kinds[-1] == "batch")
+        else:
+            # A plain DataLoader's worker: the trainer's copy never sees this pass, the shared clock does.
+            iterator = self._start(ctx.with_epoch(self._clock.worker_pass(worker, ctx.epoch)))
         return iterator
+
+    def _reader_context(self) -> RuntimeContext:
+        """This pass's context: the resolved one, or a job of one process where Accelerate splits the stream
+        among the ranks itself (`shardcache.frameworks`): every rank must then yield the whole epoch."""
+        ctx = self.resolve_context()
+        if not accelerate_splits(self):
+            return ctx
+        if accelerate_skips_batches():
+            raise ConfigError(
+                "Accelerate is replaying batches to skip them (skip_first_batches: the Hugging Face "
+                "Trainer's resume_from_checkpoint, or your own loop): over a shardcache Dataset that "
+                "replays the epoch set now, which the Trainer sets to 0 for a loader without a length, so "
+                "the resumed run would repeat and lose data. Resume through a TorchLoader with its state "
+                "instead: see docs/frameworks.md (shardcache.transformers.ShardcacheCallback)",
+                code="UnsupportedResume",
+            )
+        return RuntimeContext(
+            rank=0,
+            world_size=1,
+            worker_id=ctx.worker_id,
+            num_workers=ctx.num_workers,
+            epoch=ctx.epoch,
+            seed=ctx.seed,
+        )
 
     def build(self, ctx: RuntimeContext) -> Node:
         """The node chain of this pipeline for one slot (`shardcache.pipeline.build`)."""

@@ -93,7 +93,8 @@ def test_environment_is_read_when_no_context_is_given(
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     ds = Dataset.from_source("tars", tars, daemon=None)
-    assert keys(ds) == keys(ds.iter_context(RuntimeContext(rank=1, world_size=2)))
+    as_rank_1 = keys(ds.iter_context(RuntimeContext(rank=1, world_size=2)))
+    assert keys(ds) == as_rank_1
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "client" / "shardcache"
 
 # Top to bottom; a module belongs to the first layer with an entry that is its name or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry", ("shardcache.cli",)),
+    ("entry", ("shardcache.cli", "shardcache.lightning", "shardcache.transformers")),
     ("facades", ("shardcache.dataset", "shardcache.loader")),
     ("pipeline", ("shardcache.pipeline", "shardcache.resume", "shardcache.snapshots")),
     ("nodes", ("shardcache.sources", "shardcache.stages", "shardcache.mix")),
@@ -39,10 +39,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "shardcache.context",
             "shardcache.durable",
             "shardcache.envvars",
+            "shardcache.epochs",
             "shardcache.errors",
             "shardcache.extras",
             "shardcache.forksafe",
             "shardcache.formatting",
+            "shardcache.frameworks",
             "shardcache.jobs",
             "shardcache.log",
             "shardcache.mesh",

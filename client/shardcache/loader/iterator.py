@@ -6,10 +6,12 @@ from __future__ import annotations
 import functools
 import time
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from shardcache.daemon_access.telemetry import Telemetry
-from shardcache.errors import UnsupportedResume
+from shardcache.errors import StateError, UnsupportedResume
 from shardcache.loader.stream import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
 from shardcache.pipeline.iteration import close_all, close_telemetry
@@ -33,7 +35,15 @@ class LoaderIterator:
         self.telemetry = telemetry
         self.runtime = runtime
         self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
+        self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
+        self.epoch = int(header.get("epoch", 0))
+        self._on_first: Callable[[int], None] | None = None
         self._next = node.__next__
+        # Positions before the latest items, for a consumer that fetches ahead of what it trained on
+        # (`keep_positions`): a framework's checkpoint then names the position its step had reached. One is
+        # always kept (a node's state is a few references), so an integration set up after the pass began
+        # (Lightning's first prefetch comes before any hook) still finds it.
+        self._before: deque[dict[str, Any]] = deque(maxlen=1)
         # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
         # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
@@ -44,17 +54,31 @@ class LoaderIterator:
     def __iter__(self) -> LoaderIterator:
         return self
 
+    def on_first_item(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(epoch)` when this pass yields its first item (the dataset's epoch clock)."""
+        self._on_first = callback
+
+    def keep_positions(self, count: int) -> None:
+        """Keep the positions before the latest `count` items (at least 1), for `state_dict(behind=...)`."""
+        if count > (self._before.maxlen or 0):
+            self._before = deque(self._before, maxlen=count)
+
     def __next__(self) -> Any:
+        before = self.node.state_dict()
         try:
             telemetry = self.telemetry
-            if telemetry is None:
-                return self._next()
             started = time.perf_counter()
             item = self._next()
         except StopIteration:
             self.exhausted = True
             raise
-        telemetry.record(time.perf_counter() - started, item)
+        if telemetry is not None:
+            telemetry.record(time.perf_counter() - started, item)
+        self._before.append(before)
+        if not self.started:
+            self.started = True
+            if self._on_first is not None:
+                self._on_first(self.epoch)
         return item
 
     @property
@@ -63,10 +87,25 @@ class LoaderIterator:
         merge = merge_of(self.node)
         return 0 if merge is None else merge.skipped_shards
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, behind: int = 0) -> dict[str, Any]:
         """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
-        identity and layout, then its epoch and every node's position (None once exhausted)."""
-        return wrap({**self.header, "pipeline": self.node.state_dict()}, self.runtime, ended=self.exhausted)
+        identity and layout, then its epoch and every node's position (None once exhausted).
+
+        `behind`: the position before the latest `behind` items instead (a consumer fetched them ahead of
+        the step it checkpoints; see `keep_positions`).
+        """
+        if behind <= 0:
+            pipeline, ended = self.node.state_dict(), self.exhausted
+        else:
+            kept = self._before
+            if len(kept) < behind:
+                raise StateError(
+                    f"the position {behind} item(s) back was not kept (keep_positions({behind}) before "
+                    "iterating)",
+                    code="InvalidResumeState",
+                )
+            pipeline, ended = kept[-behind], False
+        return wrap({**self.header, "pipeline": pipeline}, self.runtime, ended=ended)
 
     def live_state(self) -> dict[str, Any]:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
@@ -88,7 +127,7 @@ def merge_of(node: Node) -> MergeNode | None:
 class PlainIterator(LoaderIterator):
     """One pass of a TorchLoader over a plain iterable: it has no state to save."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, behind: int = 0) -> dict[str, Any]:
         raise UnsupportedResume(
             "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
             "shardcache.Dataset resumes"

@@ -148,10 +148,21 @@ def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext, fresh: bool
             f"num_workers={shape.num_workers}; resume with the same number of workers",
             code="ResumeIdentityMismatch",
         )
-    if (state.get("dp_rank"), state.get("dp_size")) != (ctx.dp_rank, ctx.dp_size):
+    if state.get("dp_size") != ctx.dp_size:
         raise StateError(
             f"resume state is for data-parallel rank {state.get('dp_rank')} of {state.get('dp_size')}, "
-            f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}; resume with the same world size",
+            f"this loader is rank {ctx.dp_rank} of {ctx.dp_size}: a rank's own state resumes the same world "
+            "size; for another one, load shardcache.merge_states of every rank's state",
+            code="ResumeIdentityMismatch",
+        )
+    if state.get("dp_rank") != ctx.dp_rank:
+        raise StateError(
+            f"resume state is rank {state.get('dp_rank')}'s own (of {state.get('dp_size')}) and this loader "
+            f"is rank {ctx.dp_rank}: a rank's state resumes that rank only. A framework that saves rank 0's "
+            "state for every rank (Lightning, Accelerate's save_state) needs a job-wide state: "
+            "TorchLoader(..., state_scope='job') gathers every rank's position on save "
+            "(shardcache.lightning.ShardcacheCallback sets it up for Lightning; docs/frameworks.md), or "
+            "load shardcache.merge_states of every rank's state",
             code="ResumeIdentityMismatch",
         )
     check_fingerprint(

@@ -15,6 +15,7 @@ from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
 from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume
+from shardcache.frameworks import called_by_lightning
 from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
 from shardcache.loader.plain import PlainNode, PlainStream
 from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
@@ -27,6 +28,7 @@ from shardcache.loader.stream import (
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
+from shardcache.resume.job import job_state
 from shardcache.resume.state import LiveState
 from shardcache.sources.schedule import source_job
 from shardcache.stages import Node, Stage, builders
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
 # workers); dropped (with a debug line) when num_workers=0, so one set of arguments serves both.
 _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
+# "rank": state_dict() is this rank's own position; "job": every rank's, gathered (`shardcache.resume.job`).
+STATE_SCOPES = ("rank", "job")
 
 
 class TorchLoader:
@@ -89,6 +93,7 @@ class TorchLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         *,
         stall_warning_s: float | None | object = _UNSET,
+        state_scope: str = "rank",
         _stages: Sequence[Stage] = (),
         **loader_kwargs: Any,
     ) -> None:
@@ -99,6 +104,8 @@ class TorchLoader:
             raise ConfigError(f"num_workers={num_workers!r}: expected an integer >= 0")
         if batch_size is not None:
             builders.positive_int("batch_size", batch_size)
+        if state_scope not in STATE_SCOPES:
+            raise ConfigError(f"state_scope={state_scope!r}: expected one of {STATE_SCOPES}")
         # A plain iterable: only `__iter__` and `set_epoch` look at it, through `_plain` and `_pipeline()`.
         self.dataset = cast(Dataset, dataset)
         self._plain: Iterable[Any] | None = None if isinstance(dataset, Dataset) else dataset
@@ -108,7 +115,15 @@ class TorchLoader:
         self.loader_kwargs = loader_kwargs
         self.stall_warning_s = stall_warning(stall_warning_s)
         self.stages: tuple[Stage, ...] = tuple(_stages)
+        self.state_scope = state_scope
         self._live = LiveState()
+        # Set by a framework integration (`checkpoint_with`): items its loop fetched ahead of the step it
+        # checkpoints, and how many positions back the iterator keeps for it.
+        self._fetched_ahead: Callable[[], int] | None = None
+        self._keep_positions = 0
+        # Set by an integration whose framework numbers epochs wrongly (the Hugging Face Trainer restarts its
+        # count at 0 on a resume without a length): set_epoch is then ignored, passes and states count.
+        self.own_epochs = False
         self.persistent_workers = num_workers > 0 and bool(loader_kwargs.get("persistent_workers", True))
         # Made at the first iteration with workers: their run directory and, when they persist, the
         # DataLoader kept across epochs (`WorkerHome`).
@@ -121,6 +136,7 @@ class TorchLoader:
             self.batch_size,
             self.collate_fn,
             stall_warning_s=self.stall_warning_s,
+            state_scope=self.state_scope,
             _stages=(*self.stages, stage),
             **self.loader_kwargs,
         )
@@ -148,7 +164,11 @@ class TorchLoader:
         return self._add(builders.batch_stage(batch_size, drop_last, collate_fn))
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the dataset's epoch (reaches workers started after this call)."""
+        """Read `epoch` in the next pass; later passes go on from it (without it, each new pass reads the
+        epoch after the previous pass's: `shardcache.epochs`). Ignored under `own_epochs`."""
+        if self.own_epochs:
+            logger.debug("TorchLoader.set_epoch(%r) ignored: this loader counts its own epochs", epoch)
+            return
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if not callable(set_epoch):
             raise ConfigError(f"TorchLoader.set_epoch: the dataset {self.dataset!r} has no set_epoch")
@@ -195,9 +215,40 @@ class TorchLoader:
     def state_dict(self) -> dict[str, Any]:
         """The resume envelope (version, identity, state) of the most recent iteration, else of the state
         loaded and not yet used. Its ``state`` is None before any iteration and once the iteration is
-        exhausted: loading it starts the next pass from the beginning."""
+        exhausted: loading it starts the next pass from the beginning.
+
+        With ``state_scope="job"`` it is every data-parallel rank's position in one state
+        (`shardcache.resume.job`), which any rank loads: a collective, so every rank calls it at the same
+        step (Lightning and Accelerate's `save_state` do).
+
+        Raises:
+            ConfigError: Lightning asks for a mid-epoch state without
+                `shardcache.lightning.ShardcacheCallback` (the state would count a batch Lightning fetched
+                ahead, and serve rank 0 only).
+        """
         shape = self._shape()
-        return self._live.state_dict(lambda: initial_state(shape, self.dataset.resolve_context()))
+        iterator = self._live.iterator
+        ahead = 0 if self._fetched_ahead is None else self._fetched_ahead()
+        if ahead > 0 and isinstance(iterator, LoaderIterator):
+            state = iterator.state_dict(behind=ahead)
+        else:
+            state = self._live.state_dict(lambda: initial_state(shape, self.dataset.resolve_context()))
+        if self._fetched_ahead is None and state.get("state") is not None and called_by_lightning():
+            raise ConfigError(
+                "Lightning is checkpointing this TorchLoader in the middle of an epoch: add "
+                "shardcache.lightning.ShardcacheCallback() to Trainer(callbacks=[...]). Lightning fetches "
+                "one batch ahead of the step it saves and keeps rank 0's loader state only, so without it "
+                "the resumed run would skip a batch, and other ranks could not resume (docs/frameworks.md)"
+            )
+        return job_state(state) if self.state_scope == "job" else state
+
+    def checkpoint_with(self, fetched_ahead: Callable[[], int], keep: int = 1, scope: str = "job") -> None:
+        """For framework integrations: `fetched_ahead()` says how many items the framework's loop took
+        beyond the step it checkpoints (at most `keep`), so `state_dict()` names the position of that step;
+        `scope` sets `state_scope`."""
+        if scope not in STATE_SCOPES:
+            raise ConfigError(f"scope={scope!r}: expected one of {STATE_SCOPES}")
+        self._fetched_ahead, self._keep_positions, self.state_scope = fetched_ahead, keep, scope
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume from `state` (as taken by `state_dict()`, or a version-1 state).
@@ -248,6 +299,7 @@ class TorchLoader:
         self.dataset.count_samples()
         shape = self._shape()
         pending, worker_states, ctx = resume_start(shape, self._live.take_pending(), ctx)
+        # The epoch of this pass: the dataset's next one, or the loaded state's (`shardcache.epochs`).
         drop_last = bool(self.loader_kwargs.get("drop_last", False))
         home = self._workers_home()
         run_dir = None if home is None else home.run_dir
@@ -272,6 +324,9 @@ class TorchLoader:
             self._watchdog(merge, run_dir),
             ctx.identity(),
         )
+        iterator.keep_positions(self._keep_positions)
+        # The pass counts once it yields: the next iter() reads the next epoch.
+        iterator.on_first_item(self.dataset.epoch_clock.passed)
         self._live.start(iterator, warn=True)
         return iterator
 

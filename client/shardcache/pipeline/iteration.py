@@ -57,6 +57,8 @@ class PipelineIterator:
         self.telemetry: Telemetry | None = None
         self._batched = False  # what telemetry counts: batches' samples, or items
         self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
+        self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
+        self._on_first: Callable[[int], None] | None = None
         self.spec: PipelineSpec | None = None  # set by `start`: what `load_state_dict` builds again
         # Node generators reference their nodes (a cycle the garbage collector would free at some later
         # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
@@ -112,12 +114,21 @@ class PipelineIterator:
     def __iter__(self) -> PipelineIterator:
         return self
 
+    def on_first_item(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(epoch)` when this pass yields its first item (a `Dataset`'s epoch clock)."""
+        self._on_first = callback
+
     def __next__(self) -> Any:
         try:
-            return self._next()
+            item = self._next()
         except StopIteration:
             self.exhausted = True
             raise
+        if not self.started:
+            self.started = True
+            if self._on_first is not None:
+                self._on_first(self.context.epoch)
+        return item
 
     def state_dict(self) -> dict[str, Any]:
         """The resume envelope (`shardcache.resume.state.wrap`): small and JSON-serialisable; its ``state``

@@ -86,7 +86,10 @@ class PipelineSpec:
         as given when it names its reader, adjusted to the torch worker running it; a seed-only context takes
         its rank from the runtime) or inferred from torch and the environment; with `epoch` when set."""
         explicit = context if context is not None else self.source.context
-        ctx = explicit.resolve() if explicit is not None else RuntimeContext.from_runtime()
+        if explicit is not None:
+            ctx = explicit.resolve()
+        else:
+            ctx = RuntimeContext.from_runtime(env=self.facts.worker_environment())
         return ctx if epoch is None else ctx.with_epoch(epoch)
 
     def source_node(self, ctx: RuntimeContext) -> SourceNode:

@@ -116,6 +116,15 @@ def wrap(flat: Mapping[str, Any], runtime: Any, ended: bool = False) -> dict[str
     return envelope
 
 
+def ended_epoch(blob: Any) -> int | None:
+    """The epoch of the pass an envelope says had ended (`wrap`'s ``end``), else None."""
+    if not isinstance(blob, dict) or blob.get("state") is not None:
+        return None
+    end = blob.get("end")
+    epoch = end.get("epoch") if isinstance(end, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
 def position_of(flat: Mapping[str, Any]) -> dict[str, Any]:
     """What the envelope's ``state`` holds of the flat state `flat`: all but version and identity keys."""
     return {key: value for key, value in flat.items() if key not in IDENTITY_KEYS and key != "version"}
@@ -256,6 +265,7 @@ class Checkpointed(Protocol):
     """An iterator whose position is a state."""
 
     exhausted: bool  # it raised StopIteration: its state is None, the next pass starts anew
+    started: bool  # it yielded an item
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -298,7 +308,9 @@ class LiveState:
         """Make `iterator` the latest, warning (`warn`: in the trainer's process) when the one it replaces
         had not ended: state_dict() no longer follows that one."""
         previous = self.iterator
-        if warn and previous is not None and not previous.exhausted:
+        # One that never yielded (a framework's iter() only checking that the loader iterates) replaced
+        # nothing the trainer could have saved.
+        if warn and previous is not None and previous.started and not previous.exhausted:
             logger.warning(REPLACED_WARNING)
         self.iterator = iterator
 

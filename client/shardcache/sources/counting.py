@@ -17,6 +17,8 @@ shards whole: for large datasets write a manifest instead (the log line says so)
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,25 +35,45 @@ class RunFacts:
     Attributes:
         counts: Samples per unit key (see `unit_key`), from the counting pass.
         offsets: Sample offsets per unit key, recorded by the counting pass where the kind can (tars).
-        is_distributed: Whether torch.distributed ran several processes when the main process started
-            iterating (None: not captured yet; workers started with spawn would not see it live).
+        is_distributed: Whether torch.distributed ran several processes when the main process last looked
+            (None: not captured yet). Facts about the world are read when the world exists: live wherever
+            torch.distributed is initialised in the process (the trainer, a forked worker), and captured
+            again whenever the main process iterates or sends the dataset to a spawned worker, so a count
+            taken before `init_process_group` does not freeze the job as "not distributed".
     """
 
     counts: dict[str, int] = field(default_factory=dict)
     is_distributed: bool | None = None
     offsets: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # (rank, world_size) of torch.distributed in the main process when captured: what a spawned worker,
+    # which has no process group, reads as its rank (launchers such as Lightning's set no RANK variable).
+    world: tuple[int, int] | None = None
 
     def distributed(self) -> bool:
-        if self.is_distributed is None:
-            dist = torch_distributed()
-            return dist is not None and int(dist.get_world_size()) > 1
-        return self.is_distributed
+        dist = torch_distributed()
+        if dist is not None:  # the live world wins over any capture
+            return int(dist.get_world_size()) > 1
+        return bool(self.is_distributed)
 
     def capture(self) -> None:
-        """Record the main process's view of torch.distributed (workers inherit it)."""
+        """Record the main process's view of torch.distributed (workers started without it inherit it)."""
         if in_main_process():
             dist = torch_distributed()
             self.is_distributed = dist is not None and int(dist.get_world_size()) > 1
+            self.world = None if dist is None else (int(dist.get_rank()), int(dist.get_world_size()))
+
+    def worker_environment(self) -> Mapping[str, str] | None:
+        """The environment a reader infers its rank from: in a worker without a process group (spawned),
+        the launcher's variables with the main process's rank and world size; else None (`os.environ`)."""
+        if self.world is None or in_main_process() or torch_distributed() is not None:
+            return None
+        rank, world_size = self.world
+        return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled by the trainer for a spawned worker (or any copy): the world as it is now.
+        self.capture()
+        return dict(self.__dict__)
 
 
 class Countable(Protocol):
@@ -87,7 +109,9 @@ def unit_counts(node: Countable, units: list[Unit]) -> list[int]:
 def _count(node: Countable, units: list[Unit], missing: list[int]) -> None:
     ctx = node.ctx
     dist = torch_distributed() if in_main_process() else None
-    if dist is not None and int(dist.get_world_size()) > 1:
+    # The collective only where the reader's context is the process group's (not a job of one process,
+    # as under Accelerate's own split: the other ranks would never join).
+    if dist is not None and int(dist.get_world_size()) > 1 and ctx.world_size == int(dist.get_world_size()):
         mine = missing
         if node.partitioning.placement == "node" and ctx.node_groups > 1:
             owner = owners(node.weights(units), ctx.node_groups, PLACEMENT_SEED)

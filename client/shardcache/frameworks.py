@@ -1,0 +1,87 @@
+"""What a training framework does to a shardcache loader, seen from inside it.
+
+Two frameworks take a dataset's stream out of its hands, and the loader must know to stay correct:
+
+- **Accelerate** (and the Hugging Face Trainer, which prepares its DataLoader through it) splits an
+  IterableDataset's stream among the ranks itself: `accelerator.prepare(DataLoader(ds))` either iterates it
+  on rank 0 and sends each rank a slice of every batch (`DataLoaderDispatcher`, the default for iterable
+  datasets), or iterates it on every rank and keeps each rank's slice (`IterableDatasetShard`, with
+  `dispatch_batches=False`). Both need every rank's dataset to yield the *whole* stream; a shardcache
+  Dataset, which deals shards to ranks by itself, would hand Accelerate one rank's share and half the data
+  would never be seen. `accelerate_splits` tells `Dataset.__iter__` to read as a job of one process then.
+  Accelerate gives no public signal for this, so it is read from Accelerate's own state: the dataloader it
+  is iterating (`GradientState`, set before the DataLoader's workers start, so a forked worker sees it too)
+  and the dataset a worker iterates (`IterableDatasetShard` around ours). A TorchLoader passed to `prepare`
+  is returned unchanged and deals by rank as usual — the recipe that reads each shard once per epoch.
+- **Lightning** saves a loader's `state_dict()` from rank 0 only, one batch after the step it checkpoints
+  (its fetcher reads one ahead of an unsized loader). `called_by_lightning` lets TorchLoader refuse to give
+  Lightning a state that would resume wrong, naming the callback that makes it right
+  (`shardcache.lightning.ShardcacheCallback`).
+
+Only modules already imported are consulted: nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import FrameType
+from typing import Any
+
+_LIGHTNING = ("pytorch_lightning.", "lightning.pytorch.", "lightning_fabric.", "lightning.fabric.")
+# Frames between a loader's `state_dict` and Lightning's code: its `_state_dicts` list comprehension and the
+# method around it (a frame each), with room for a wrapper of the user's.
+_LIGHTNING_DEPTH = 5
+
+
+def called_by_lightning(depth: int = 1) -> bool:
+    """Whether the caller of the function `depth` frames up was called from Lightning's code."""
+    frame: FrameType | None = sys._getframe(depth + 1)
+    for _ in range(_LIGHTNING_DEPTH):
+        if frame is None:
+            return False
+        if str(frame.f_globals.get("__name__", "")).startswith(_LIGHTNING):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def accelerate_active_dataloader() -> Any:
+    """The dataloader Accelerate is iterating in this process (inherited by a forked worker), else None."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return None
+    try:
+        refs = state.GradientState._shared_state.get("_dataloader_references_ref") or [None]
+        ref = refs[-1]
+        return None if ref is None else ref()
+    except (AttributeError, TypeError, IndexError):  # another Accelerate version: no signal
+        return None
+
+
+def accelerate_splits(dataset: object) -> bool:
+    """Whether Accelerate splits `dataset`'s stream among the ranks itself (see the module)."""
+    data_loader = sys.modules.get("accelerate.data_loader")
+    if data_loader is None:
+        return False
+    shard_type = getattr(data_loader, "IterableDatasetShard", ())
+    torch_data = sys.modules.get("torch.utils.data")
+    info = None if torch_data is None else torch_data.get_worker_info()
+    if info is not None and _wraps(info.dataset, dataset, shard_type):
+        return True
+    active = accelerate_active_dataloader()
+    if active is None:
+        return False
+    held = getattr(active, "dataset", None)
+    if held is dataset and isinstance(active, getattr(data_loader, "DataLoaderDispatcher", ())):
+        return True
+    return _wraps(held, dataset, shard_type)
+
+
+def accelerate_skips_batches() -> bool:
+    """Whether Accelerate is replaying batches to skip them (`skip_first_batches`, a Trainer's resume)."""
+    active = accelerate_active_dataloader()
+    return active is not None and int(getattr(active, "skip_batches", 0) or 0) > 0
+
+
+def _wraps(held: object, dataset: object, shard_type: Any) -> bool:
+    return isinstance(held, shard_type) and getattr(held, "dataset", None) is dataset
