@@ -75,7 +75,11 @@ def loaders(paths: list[str], batch: int, workers: int) -> dict[str, Callable[[]
 
     def plain() -> Any:
         return DataLoader(
-            PlainTars(paths), batch_size=batch, num_workers=workers, collate_fn=collate, persistent_workers=True
+            PlainTars(paths),
+            batch_size=batch,
+            num_workers=workers,
+            collate_fn=collate,
+            persistent_workers=True,
         )
 
     return {"TorchLoader": torch_loader, "plain DataLoader": plain}
