@@ -96,7 +96,8 @@ def run_lightning(make: Callable[[], Any], epochs: int) -> int:
 
         def training_step(self, batch: dict[str, torch.Tensor], index: int) -> torch.Tensor:
             self.samples += len(batch["x"])
-            return self.layer(batch["x"]).mean()
+            loss: torch.Tensor = self.layer(batch["x"]).mean()
+            return loss
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.001)
