@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # How long the plans of an exited process stay for a successor to take over (the next epoch's DataLoader
 # workers start within a few seconds of the last ones' exit).
-PLAN_ORPHAN_GRACE_S = 10.0
+PLAN_ORPHAN_GRACE_S = 5.0
 PINNED_CODE = "cache_pinned"
 
 
