@@ -76,8 +76,18 @@ def cmd_stats(client: DaemonClient, args: argparse.Namespace) -> int:
         ["fetches in flight", str(stats.fetches_in_flight)],
         ["plans", str(stats.plans)],
         ["policy", stats.policy],
+        ["pinned", f"{human_bytes(stats.pinned_bytes)} by {stats.leases} leases"],
+        ["waits for room", str(stats.room_waits)],
+        ["refused: pinned", str(stats.pinned_refusals)],
+        ["leases of exited", str(stats.leases_of_exited)],
     ]
     print(_table(rows, right=set()))
+    if stats.jobs:
+        # Who holds the cache: a job that pins much while others are refused leaks open shards.
+        jobs = [["JOB", "LEASES", "PINNED"]]
+        jobs += [[job.job, str(job.leases), human_bytes(job.pinned_bytes)] for job in stats.jobs]
+        print()
+        print(_table(jobs, right={1, 2}))
     return 0
 
 
@@ -89,13 +99,17 @@ def cmd_ls(client: DaemonClient, args: argparse.Namespace) -> int:
     if not shards:
         print("no resident shards")
         return 0
-    rows = [["URL", "SIZE", "LAST USE", "NEXT USE"]]
+    rows = [["URL", "SIZE", "LAST USE", "NEXT USE", "LEASES"]]
     for shard in sorted(shards, key=lambda s: s.url):
         next_use = "-" if shard.next_use is None else f"in {shard.next_use:g} opens"
-        rows.append([shard.url, human_bytes(shard.size), _ago(shard.last_use), next_use])
-    print(_table(rows, right={1}))
+        rows.append([shard.url, human_bytes(shard.size), _ago(shard.last_use), next_use, str(shard.leases)])
+    print(_table(rows, right={1, 4}))
     total = sum(shard.size for shard in shards)
-    print(f"{len(shards)} shards, {human_bytes(total)}")
+    pinned = [shard for shard in shards if shard.leases]
+    print(
+        f"{len(shards)} shards, {human_bytes(total)}; {len(pinned)} pinned by open shards "
+        f"({human_bytes(sum(shard.size for shard in pinned))})"
+    )
     return 0
 
 

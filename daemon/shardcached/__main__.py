@@ -106,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--evict-wait-s",
         type=float,
         metavar="S",
-        help="how long an open waits for leased space before 507 (default 10)",
+        help="how long an open waits for downloads in flight to give back room before 507 (default 10)",
+    )
+    add(
+        "--max-job-pinned",
+        metavar="SIZE",
+        help="bytes one job's open shards may pin: a share of the capacity (default 50%%) or a size (100GiB)",
     )
     add(
         "--revalidate-after-s",

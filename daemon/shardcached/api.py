@@ -24,6 +24,7 @@ from shardcache_protocol import (
     URL_PATTERN,
     ErrorBody,
     Health,
+    JobPins,
     OpenGrant,
     OpenRequest,
     PlanRequest,
@@ -39,6 +40,7 @@ from shardcache_protocol import (
 from shardcached import __version__
 from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
+from shardcached.peers import PEER_SCOPE_KEY
 from shardcached.service import ShardService
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
@@ -137,7 +139,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         is verified against them (502 `size_mismatch` / `checksum_mismatch` when the remote disagrees).
         With `plan`, the open advances that plan's cursor.
         """
-        return _raw(*await answer_open(service, await request.body()))
+        return _raw(*await answer_open(service, await request.body(), request.scope.get(PEER_SCOPE_KEY)))
 
     @router.post(
         "/shards/release",
@@ -172,11 +174,14 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         )
 
     @router.post("/plans", responses=_errors(400, 403, 422))
-    async def add_plan(body: PlanRequest) -> PlanResponse:
+    async def add_plan(body: PlanRequest, request: Request) -> PlanResponse:
         """Announce the ordered shards one slot of a job reads in one epoch (send the next epoch's too):
-        the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last."""
+        the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last.
+        The plan belongs to the registering process: once it exits, the plan goes after a few seconds
+        unless another process registers it again (the next epoch's DataLoader workers do)."""
         urls = [service.allow.check(url) for url in body.urls]
         plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
+        service.owners.plan_added(plan_id, request.scope.get(PEER_SCOPE_KEY))
         service.plans_changed()
         return PlanResponse(plan=plan_id)
 
@@ -208,6 +213,7 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
                     last_use=entry.last_use,
                     next_use=planner.next_use(url),
                     pinned=entry.leases > 0,
+                    leases=entry.leases,
                 )
                 for url, entry in store.by_url.items()
             ]
@@ -221,8 +227,9 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
 
     @router.get("/stats")
     async def stats() -> Stats:
-        """Capacity, usage and counters since start (bytes as integers)."""
+        """Capacity, usage and counters since start (bytes as integers), and the pins of each job."""
         opens = service.hits + service.misses
+        jobs = sorted(store.pins.jobs.values(), key=lambda ledger: -ledger.pinned_bytes)
         return Stats(
             capacity=store.capacity,
             used=store.used,
@@ -236,6 +243,12 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
             fetches_in_flight=service.inflight,
             plans=planner.plan_count,
             policy=policy,
+            pinned_bytes=store.pins.pinned_bytes,
+            leases=store.lease_count,
+            room_waits=service.space.room_waits,
+            pinned_refusals=service.refusals.get("cache_pinned", 0),
+            leases_of_exited=service.owners.leases_of_exited,
+            jobs=[JobPins(job=j.job, leases=j.leases, pinned_bytes=j.pinned_bytes) for j in jobs],
         )
 
     return router

@@ -61,6 +61,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
         evict_wait_s=settings.evict_wait_s,
         revalidate_after_s=settings.revalidate_after_s,
         min_free=settings.min_free_bytes(),
+        max_job_pinned=settings.max_job_pinned_bytes(store.capacity),
     )
     metrics.bind_state(
         StateReaders(
@@ -70,6 +71,9 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
             inflight_fetches=lambda: service.inflight,
             plans=lambda: planner.plan_count,
             disk_free_bytes=service.space.disk_free,
+            pins_by_job=lambda: {
+                job: (ledger.leases, ledger.pinned_bytes) for job, ledger in store.pins.jobs.items()
+            },
         )
     )
 

@@ -6,6 +6,11 @@ headers, finds no body and sleeps again. On the open hot path (a few hundred byt
 the daemon's time in `send` and the clients' context switches. Small writes are held until the end of
 the current loop step (`call_soon`) and sent together; a large write (a streamed shard) flushes whatever
 is held and goes out at once, so uvicorn's flow control still sees the real transport's buffer.
+
+The protocol also reads the connected process's pid once per connection (`SO_PEERCRED`, peers.py) and
+puts it in every request's scope under `peers.PEER_SCOPE_KEY`: leases and plans belong to that process.
+uvicorn has no hook for a connection's credentials; `on_message_begin` is where it builds the scope, and
+tests/daemon/test_peer_leases.py fails if the pid stops arriving.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from shardcached.peers import PEER_SCOPE_KEY, peer_pid
 
 SMALL_WRITE = 16 * 1024  # larger writes are not held back
 
@@ -60,8 +67,15 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a `CoalescingTransport`."""
+    """uvicorn's httptools protocol writing through a `CoalescingTransport`, telling the peer's pid."""
+
+    peer: int | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.peer = peer_pid(transport)
         wrapped = CoalescingTransport(transport, asyncio.get_running_loop())
         super().connection_made(wrapped)  # type: ignore[arg-type]
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[PEER_SCOPE_KEY] = self.peer  # type: ignore[literal-required]

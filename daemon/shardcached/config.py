@@ -152,7 +152,14 @@ class Settings(BaseSettings):
     plan_stale_s: float = Field(
         default=600.0, gt=0, description="a plan with no opens for this long is dropped"
     )
-    evict_wait_s: float = Field(default=10.0, ge=0, description="how long an open waits for leases to end")
+    evict_wait_s: float = Field(
+        default=10.0, ge=0, description="how long an open waits for downloads in flight to give back room"
+    )
+    max_job_pinned: str = Field(
+        default="50%",
+        description="bytes one job's open shards may pin: a share of the capacity (50%) or bytes (100GiB); "
+        "past it the job's opens get 507 cache_pinned and read directly",
+    )
     revalidate_after_s: float = Field(
         default=3600.0, ge=0, description="re-check the remote version of a hit older than this (0: never)"
     )
@@ -200,6 +207,17 @@ class Settings(BaseSettings):
             raise ValueError(f"invalid min_free {value!r}: a share must lie in [0%, 100%)")
         return value
 
+    @field_validator("max_job_pinned")
+    @classmethod
+    def _check_max_job_pinned(cls, value: str) -> str:
+        share = _SHARE.match(value)
+        if share is None:
+            if parse_size(value) <= 0:
+                raise ValueError(f"invalid max_job_pinned {value!r}: must be larger than zero")
+        elif not 0 < float(share.group(1)) <= 100:
+            raise ValueError(f"invalid max_job_pinned {value!r}: a share must lie in (0%, 100%]")
+        return value
+
     @field_validator("metrics_addr")
     @classmethod
     def _check_addr(cls, value: str) -> str:
@@ -209,6 +227,13 @@ class Settings(BaseSettings):
     def capacity_bytes(self) -> int:
         """The capacity in bytes (a share is resolved against the cache filesystem, which must exist)."""
         return parse_capacity(self.capacity, self.cache_dir)
+
+    def max_job_pinned_bytes(self, capacity: int) -> int:
+        """The bytes one job may pin (a share is resolved against `capacity`, in bytes)."""
+        share = _SHARE.match(self.max_job_pinned)
+        if share is not None:
+            return int(capacity * float(share.group(1)) / 100)
+        return parse_size(self.max_job_pinned)
 
     def min_free_bytes(self) -> int:
         """The free-space floor in bytes (a share is resolved against the cache filesystem)."""

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shardcache_protocol import OpenRequest, ReleaseRequest
 from shardcached.errors import BadRequest, DaemonError, error_body, validation_detail
+from shardcached.peers import PEER_SCOPE_KEY
 
 if TYPE_CHECKING:
     from shardcached.service import ShardService
@@ -36,13 +37,13 @@ MAX_RELEASES_PER_HEADER = 64
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-async def answer_open(service: ShardService, body: bytes) -> tuple[int, bytes]:
-    """`POST /v1/shards/open`: the status and JSON body answering the request `body`."""
+async def answer_open(service: ShardService, body: bytes, peer: int | None = None) -> tuple[int, bytes]:
+    """`POST /v1/shards/open`: the status and JSON body answering the request `body` of process `peer`."""
     try:
         if len(body) > MAX_BODY:
             raise BadRequest(f"request body larger than {MAX_BODY} bytes", code="body_too_large")
         request = OpenRequest.model_validate_json(body)
-        grant = await service.open(request.url, request.size, request.checksum, request.plan)
+        grant = await service.open(request.url, request.size, request.checksum, request.plan, peer)
     except ValidationError as exc:
         return 422, error_body("invalid_request", validation_detail(exc.errors()))
     except DaemonError as exc:
@@ -86,7 +87,8 @@ class HotPath:
             if scope["method"] == "POST":
                 path = scope["path"]
                 if path == OPEN_PATH:
-                    status, body = await answer_open(self.service, await _read_body(receive))
+                    peer = scope.get(PEER_SCOPE_KEY)
+                    status, body = await answer_open(self.service, await _read_body(receive), peer)
                     await _send(send, status, body)
                     return
                 if path == RELEASE_PATH:

@@ -5,16 +5,20 @@ Gauges of the cache's state are read at scrape time from callbacks, so the hot p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # An open waits from microseconds (hit) to minutes (a 2 GB miss on a slow remote).
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 # The codes of the 507 answers (`shardcache_protocol.ERROR_CODES`), the `code` label of refused opens.
-REFUSAL_CODES = ("cache_disk_full", "insufficient_capacity")
+REFUSAL_CODES = ("cache_disk_full", "cache_pinned", "insufficient_capacity")
+# Jobs with their own series in the per-job pin gauges, largest first; the rest are summed as `other`.
+PIN_JOB_SERIES = 8
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class StateReaders:
     inflight_fetches: Callable[[], float]
     plans: Callable[[], float]
     disk_free_bytes: Callable[[], float]
+    # job -> (live leases, pinned bytes), read at scrape time
+    pins_by_job: Callable[[], Mapping[str, tuple[int, int]]] = dict
 
 
 class Metrics:
@@ -86,6 +92,14 @@ class Metrics:
             self.refused_opens.labels(code)
         for reason in ("capacity", "disk_full"):
             self.room_waits.labels(reason)
+        self.abandoned_leases = Counter(
+            "shardcache_abandoned_leases",
+            "Leases ended without a release: the holding process exited, or the lease TTL ran out",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("process_exit", "ttl"):
+            self.abandoned_leases.labels(reason)
         self._gauges: dict[str, Gauge] = {}
 
     def bind_state(self, readers: StateReaders) -> None:
@@ -105,3 +119,39 @@ class Metrics:
             gauge = Gauge(name, doc, registry=self.registry)
             gauge.set_function(read)
             self._gauges[name] = gauge
+        self.registry.register(_PinsCollector(readers.pins_by_job))
+
+
+class _PinsCollector(Collector):
+    """`shardcache_pinned_bytes` and `shardcache_leases` per `training_job`, read at scrape time.
+
+    Jobs come and go with their leases, so the series are built at each scrape (no stale series stay);
+    the `PIN_JOB_SERIES` largest jobs by pinned bytes keep their own, the others are summed as `other`.
+    """
+
+    def __init__(self, read: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families({}))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families(self._read()))
+
+    @staticmethod
+    def _families(pins: Mapping[str, tuple[int, int]]) -> list[GaugeMetricFamily]:
+        pinned = GaugeMetricFamily(
+            "shardcache_pinned_bytes",
+            "Bytes of the shards a job's live leases hold",
+            labels=["training_job"],
+        )
+        leases = GaugeMetricFamily("shardcache_leases", "Live leases of a job", labels=["training_job"])
+        ranked = sorted(pins.items(), key=lambda item: -item[1][1])
+        rows = [(job[:64], count, size) for job, (count, size) in ranked[:PIN_JOB_SERIES]]
+        rest = ranked[PIN_JOB_SERIES:]
+        if rest:
+            rows.append(("other", sum(c for _, (c, _) in rest), sum(b for _, (_, b) in rest)))
+        for job, count, size in rows:
+            pinned.add_metric([job], size)
+            leases.add_metric([job], count)
+        return [pinned, leases]

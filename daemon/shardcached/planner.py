@@ -119,6 +119,23 @@ class Planner:
             self._ref_interval = None
         return True
 
+    def job_of(self, plan_id: str) -> str | None:
+        """The job of a live plan; None for an unknown id."""
+        plan = self._plans.get(plan_id)
+        return None if plan is None else plan.chain.job
+
+    def orphan(self, plan_id: str, grace_s: float) -> bool:
+        """The process that registered `plan_id` exited: drop its (job, slot)'s plans after `grace_s`
+        unless an open or a new registration shows the slot is read on; False for an unknown id."""
+        plan = self._plans.get(plan_id)
+        if plan is None:
+            return False
+        now = self._clock()
+        chain = plan.chain
+        chain.last_activity = min(chain.last_activity, now + grace_s - self.stale_after_s)
+        self._expiry_check_at = min(self._expiry_check_at, now + grace_s)
+        return True
+
     def has_plan(self, plan_id: str) -> bool:
         """Whether `plan_id` is a live plan."""
         return plan_id in self._plans

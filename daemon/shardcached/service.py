@@ -24,6 +24,7 @@ from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
+from shardcached.owners import Owners
 from shardcached.planner import Planner
 from shardcached.prefetch import Prefetcher
 from shardcached.sizing import SizingCheck
@@ -52,6 +53,7 @@ class ShardService:
         evict_wait_s: float = 10.0,
         revalidate_after_s: float = 3600.0,
         min_free: int = 0,
+        max_job_pinned: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -77,6 +79,14 @@ class ShardService:
             closing=lambda: self._closing,
             min_free=min_free,
         )
+        self.owners = Owners(
+            store,
+            planner,
+            metrics,
+            max_job_pinned=store.capacity if max_job_pinned is None else max_job_pinned,
+            changed=self._notify,
+        )
+        self.refusals: dict[str, int] = {}  # 507 answers by code, for `GET /v1/stats`
         self.checksums = ChecksumCheck(store, self.space, self._blocking)
         self.sizing = SizingCheck(store.capacity, planner.prefetch_depth)
         self.prefetcher = Prefetcher(self, planner, clock)
@@ -100,6 +110,7 @@ class ShardService:
             await asyncio.wait(pending, timeout=deadline_s)
         for task in pending:
             task.cancel()
+        self.owners.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -147,9 +158,18 @@ class ShardService:
 
     # -- opens ------------------------------------------------------------------------------------------
     async def open(
-        self, url: str, size: int | None = None, checksum: str | None = None, plan: str | None = None
+        self,
+        url: str,
+        size: int | None = None,
+        checksum: str | None = None,
+        plan: str | None = None,
+        peer: int | None = None,
     ) -> OpenGrant:
-        """Make the shard local, lease it and say where it is (the API's `POST /v1/shards/open`)."""
+        """Make the shard local, lease it to process `peer` and say where it is (`POST /v1/shards/open`).
+
+        Raises:
+            InsufficientCapacity: 507; `cache_pinned` at once when the open's job already pins its bound.
+        """
         started = time.perf_counter()
         canonical = self.allow.check(url)
         # Recorded on arrival, not once the shard is local: while this open waits on a miss, its plan's
@@ -157,8 +177,11 @@ class ShardService:
         self.planner.record_open(canonical, plan)
         if plan is not None:
             self.prefetcher.wake()  # a hit outside any plan changes no prefetch window
+        job = self.owners.job_of(plan, peer)
+        self._within_bound(job, canonical)  # before a download the lease could not follow
         entry, result = await self.acquire(canonical, size, checksum)
-        lease = self.store.lease(entry)
+        self._within_bound(job, entry)
+        lease = self.owners.lease(entry, job, peer)
         self.note_use(entry, result, "path", entry.size)
         self.metrics.open_wait.observe(time.perf_counter() - started)
         return OpenGrant(
@@ -192,8 +215,20 @@ class ShardService:
         try:
             return await self._acquire(url, size, checksum)
         except InsufficientCapacity as exc:
-            self.metrics.refused_opens.labels(exc.code).inc()
+            self._refused(exc.code)
             raise
+
+    def _within_bound(self, job: str, shard: Entry | str) -> None:
+        """Refuse (507 `cache_pinned`, counted) one more lease past the job's `--max-job-pinned`."""
+        try:
+            self.owners.check_bound(job, shard)
+        except InsufficientCapacity as exc:
+            self._refused(exc.code)
+            raise
+
+    def _refused(self, code: str) -> None:
+        self.refusals[code] = self.refusals.get(code, 0) + 1
+        self.metrics.refused_opens.labels(code).inc()
 
     async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
         result = "hit"
@@ -382,7 +417,11 @@ class ShardService:
     async def _housekeeping_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(1.0)  # periodic housekeeping, not a readiness wait
-            if self.store.expire_leases() or self.planner.expire_stale() or self.store.expire_partials():
+            self.owners.sweep()
+            expired = self.store.expire_leases()
+            if expired:
+                self.metrics.abandoned_leases.labels("ttl").inc(expired)
+            if (expired + self.planner.expire_stale() + self.store.expire_partials()) > 0:
                 self._notify()
             now = self._clock()
             for url in [u for u, (at, _) in self._infos.items() if now - at > _INFO_TTL_S]:

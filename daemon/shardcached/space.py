@@ -10,6 +10,9 @@ An open waits for room (up to `--evict-wait-s`) only where waiting can give it: 
 holds (leased shards, evicted files kept for their leases, downloads in flight) are released by its own
 clients. When the cache filesystem lacks more than all of those together, the space is held by files that
 are not ours, and the open is refused at once (507 `cache_disk_full`): the client then reads directly.
+When the capacity lacks more than the downloads in flight will give back, leases alone hold it (a reader
+ends one only when it closes the shard, a leaking one only at the TTL), and the open is refused at once
+too (507 `cache_pinned`); the client reads directly for a few seconds.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Space:
         self._closing = closing
         self._awaited: dict[str, int] = {}  # url -> opens waiting for its fetch, not yet leased
         self.evictions = 0
+        self.room_waits = 0  # opens that waited for room, for `GET /v1/stats`
         self._changed = asyncio.Event()
 
     @contextlib.contextmanager
@@ -81,8 +85,9 @@ class Space:
         warming (`POST /v1/prefetch`) a prefetch's victims or else shards in no plan, never a planned one.
 
         Raises:
-            InsufficientCapacity: the shard exceeds the capacity, or leases pin everything too long
-                (`insufficient_capacity`); the cache filesystem stays short after `evict_wait_s`, or at
+            InsufficientCapacity: the shard exceeds the capacity, or downloads in flight hold the room
+                past `evict_wait_s` (`insufficient_capacity`); leases alone hold the room, at once
+                (`cache_pinned`); the cache filesystem stays short after `evict_wait_s`, or at
                 once when other files hold more of it than the cache could ever give back
                 (`cache_disk_full`).
             NoRoom: a prefetch would have to evict something needed sooner.
@@ -129,6 +134,17 @@ class Space:
                     f"shards directly meanwhile)",
                     code="cache_disk_full",
                 )
+            pinned_short = store.used + size - store.capacity - store.reserved_bytes
+            if pinned_short > 0:
+                # Downloads in flight cannot give the room back even once done: leases alone hold it, and
+                # a lease ends when its reader closes the shard, maybe only at the lease TTL (a leak).
+                # Waiting `evict_wait_s` per open would stall the trainer for nothing it can count on.
+                raise InsufficientCapacity(
+                    f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are pinned by "
+                    f"open shards (see `shardcache stats` for pins per job); the shard is read directly "
+                    f"meanwhile. Close shards once read, or raise shardcached --capacity",
+                    code="cache_pinned",
+                )
             remaining = deadline - self._clock()
             if remaining <= 0 and short:
                 raise InsufficientCapacity(
@@ -141,10 +157,12 @@ class Space:
             if remaining <= 0:
                 raise InsufficientCapacity(
                     f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are leased or "
-                    f"being downloaded; release leases, retry later or raise shardcached --capacity"
+                    f"being downloaded and stayed so for --evict-wait-s; retry later or raise shardcached "
+                    f"--capacity"
                 )
             if not waited:
                 waited = True  # counted once per open, however often it wakes
+                self.room_waits += 1
                 self.metrics.room_waits.labels("disk_full" if short else "capacity").inc()
             changed = self._changed
             with contextlib.suppress(TimeoutError):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from shardcached.errors import NotFound
 from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
+from shardcached.pins import UNKNOWN_PEER_JOB, PinLedger
 from shardcached.recovery import recover_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class Lease:
     id: str
     entry: Entry
     expires: float
+    job: str = UNKNOWN_PEER_JOB  # whose bytes it pins (pins.py)
+    pid: int | None = None  # the process holding it, when the socket could tell (peers.py)
 
 
 class Store:
@@ -57,6 +60,7 @@ class Store:
         self._by_url: dict[str, Entry] = {}
         self._doomed: dict[str, Entry] = {}
         self._leases: dict[str, Lease] = {}
+        self.pins = PinLedger()
         self.resident_bytes = 0
         self.doomed_bytes = 0
         self.reserved_bytes = 0
@@ -237,11 +241,27 @@ class Store:
         return entry
 
     # -- leases -----------------------------------------------------------------------------------------
-    def lease(self, entry: Entry) -> str:
+    @property
+    def lease_count(self) -> int:
+        return len(self._leases)
+
+    def lease(self, entry: Entry, job: str = UNKNOWN_PEER_JOB, pid: int | None = None) -> str:
+        """Pin `entry` for `job`, held by process `pid` (None: unknown; only the TTL then ends it)."""
         lease_id = secrets.token_hex(12)
-        self._leases[lease_id] = Lease(lease_id, entry, self._clock() + self.lease_ttl_s)
+        lease = Lease(lease_id, entry, self._clock() + self.lease_ttl_s, job, pid)
+        self._leases[lease_id] = lease
         entry.leases += 1
+        self.pins.added(lease)
         return lease_id
+
+    def release_pid(self, pid: int) -> int:
+        """End every lease process `pid` holds (it exited); returns how many."""
+        ids = self.pins.leases_of(pid)
+        for lease_id in ids:
+            lease = self._leases.pop(lease_id, None)
+            if lease is not None:
+                self._end(lease)
+        return len(ids)
 
     def release(self, lease_id: str) -> bool:
         """End a lease; False if it is unknown or expired."""
@@ -255,6 +275,7 @@ class Store:
         return True
 
     def _end(self, lease: Lease) -> None:
+        self.pins.ended(lease)
         entry = lease.entry
         entry.leases -= 1
         if entry.leases == 0 and entry.doomed:

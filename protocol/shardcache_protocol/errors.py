@@ -46,6 +46,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "shutting_down": (503, "the daemon is stopping or restarting; retry once it is back"),
     "insufficient_capacity": (507, "the shard is larger than the capacity, or leases pin the space"),
     "cache_disk_full": (507, "the cache filesystem is full of other files, or of leased shards"),
+    "cache_pinned": (507, "leased shards alone fill the cache, or this job pins its share; read directly"),
 }
 
 

@@ -93,10 +93,19 @@ class ShardInfo(_Answer):
     last_use: float | None = Field(description="Unix time of the last open, or null")
     next_use: float | None = Field(description="Distance to the next planned use (opens ahead), null if none")
     pinned: bool = False
+    leases: int = Field(default=0, description="live leases on the shard")
 
 
 class ShardList(_Answer):
     shards: list[ShardInfo]
+
+
+class JobPins(_Answer):
+    """One job's pins in `Stats.jobs`: a job is a plan's `job`, or `pid <n>` for opens without a plan."""
+
+    job: str
+    leases: int
+    pinned_bytes: int = Field(description="bytes of the distinct shards the job's leases hold")
 
 
 class Stats(_Answer):
@@ -114,6 +123,14 @@ class Stats(_Answer):
     fetches_in_flight: int
     plans: int = Field(description="registered plans")
     policy: str = Field(description="the eviction policy: belady or lru")
+    pinned_bytes: int = Field(default=0, description="bytes of the shards live leases hold")
+    leases: int = Field(default=0, description="live leases")
+    room_waits: int = Field(default=0, description="opens that waited for room (`--evict-wait-s`)")
+    pinned_refusals: int = Field(default=0, description="opens refused at once: 507 `cache_pinned`")
+    leases_of_exited: int = Field(
+        default=0, description="leases ended because the process holding them exited"
+    )
+    jobs: list[JobPins] = Field(default_factory=list, description="pins per job, largest first")
 
 
 class TelemetryReport(_Request):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.daemon_api import api, metric
+from tests.support.polling import wait_for
 
 
 def _cache_bytes(cache_dir: Path) -> int:
@@ -109,8 +110,13 @@ def test_an_unreleased_lease_expires_after_its_ttl(make_bucket, daemon_factory):
     )
     with api(daemon) as http:
         http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).raise_for_status()
-        # The second open waits until the first lease expires, then evicts the first shard.
+        # While the lease pins the room, the second open is refused at once (no wait for the TTL)...
+        refused = http.post("/v1/shards/open", json={"url": shards.s3_urls[1]})
+        assert (refused.status_code, refused.json()["error"]) == (507, "cache_pinned")
+        # ...and once the lease expired (the holder is alive: only the TTL ends it), it evicts the first.
+        wait_for(lambda: http.get("/v1/stats").json()["leases"] == 0, "the lease to expire", 10)
         second = http.post("/v1/shards/open", json={"url": shards.s3_urls[1]})
         listed = http.get("/v1/shards").json()["shards"]
     assert second.status_code == 200
     assert [s["url"] for s in listed] == [shards.s3_urls[1]]
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 1

@@ -33,6 +33,8 @@ DESIGN_METRICS = {
     "shardcache_resident_shards": "gauge",
     "shardcache_inflight_fetches": "gauge",
     "shardcache_plans": "gauge",
+    "shardcache_pinned_bytes": "gauge",
+    "shardcache_leases": "gauge",
 }
 
 _DOC_ROW = re.compile(

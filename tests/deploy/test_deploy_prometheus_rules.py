@@ -77,6 +77,7 @@ def test_every_alert_has_severity_summary_and_troubleshooting_link() -> None:
         "ShardcacheFetchErrors",
         "ShardcacheCacheFullNoEvictable",
         "ShardcacheCacheDiskFull",
+        "ShardcacheCachePinned",
         "ShardcacheDown",
     }
     for rule in alerts:

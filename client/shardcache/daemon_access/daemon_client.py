@@ -24,7 +24,14 @@ from shardcache.daemon_access.availability import DEFAULT_RESTART_WAIT_S as DEFA
 from shardcache.daemon_access.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
 from shardcache.daemon_access.availability import DaemonAvailability, restart_wait
 from shardcache.daemon_access.control import ControlClient
-from shardcache.daemon_access.direct import DISK_FULL_CODE, DiskFullMemory, cannot_fit
+from shardcache.daemon_access.direct import (
+    DISK_FULL_CODE,
+    PINNED_ADVICE,
+    PINNED_CODE,
+    PINNED_RETRY_S,
+    DiskFullMemory,
+    cannot_fit,
+)
 from shardcache.daemon_access.direct import DISK_FULL_RETRY_S as DISK_FULL_RETRY_S
 from shardcache.daemon_access.direct import SIZING_RULE as SIZING_RULE
 from shardcache.daemon_access.direct import local_path_of as local_path_of
@@ -116,6 +123,9 @@ class DaemonClient(DaemonAvailability):
         self._warned_path = False
         self._warned_capacity = False
         self._disk_full = DiskFullMemory(self.disk_full_retry_s)
+        # Pins end sooner than a full disk empties (readers close shards; a dead holder's go within a
+        # second): remembered for a few seconds, never longer than the disk-full memory.
+        self._pinned = DiskFullMemory(min(PINNED_RETRY_S, self.disk_full_retry_s), advice=PINNED_ADVICE)
         forksafe.reset_in_child(self)
 
     def _reset_after_fork(self) -> None:
@@ -189,8 +199,8 @@ class DaemonClient(DaemonAvailability):
         self, url: str, plan: str | None, size: int | None, checksum: str | None
     ) -> OpenGrant | None:
         """Ask the daemon for the shard; its grant (`path`, `lease`, ...), or None to read directly."""
-        if self._disk_full.skip_daemon():
-            return None  # the cache filesystem was full moments ago (`disk_full_retry_s`)
+        if self._disk_full.skip_daemon() or self._pinned.skip_daemon():
+            return None  # the cache filesystem was full, or pinned, moments ago
         body: dict[str, Any] = {"url": url}
         if plan is not None:
             body["plan"] = plan
@@ -208,16 +218,21 @@ class DaemonClient(DaemonAvailability):
             return None
         if grant is not None:
             self._disk_full.served()
+            self._pinned.served()
         return grant
 
     def _cannot_fit(self, url: str, exc: InsufficientCapacity) -> None:
         """A shard the cache cannot hold (507): read it directly (`auto`), or say how to size the cache.
 
         A full cache filesystem (`cache_disk_full`) is not about this shard: an `auto` client then reads
-        every shard directly for `disk_full_retry_s` without asking (`direct.DiskFullMemory`).
+        every shard directly for `disk_full_retry_s` without asking (`direct.DiskFullMemory`). Neither is a
+        cache pinned by open shards (`cache_pinned`): read directly for `PINNED_RETRY_S` (5 s).
         """
         if exc.code == DISK_FULL_CODE and not self.required:
             self._disk_full.refused(url, exc)
+            return
+        if exc.code == PINNED_CODE and not self.required:
+            self._pinned.refused(url, exc)
             return
         first, self._warned_capacity = not self._warned_capacity, True
         cannot_fit(url, exc, required=self.required, first=first)

@@ -42,10 +42,21 @@ DISK_FULL_ADVICE = (
     "free space on the daemon's cache filesystem, or move shardcached --cache-dir to one with room; see "
     "'Cache filesystem full' in docs/troubleshooting.md"
 )
+PINNED_CODE = "cache_pinned"
+# How long an `auto` client reads directly after a 507 `cache_pinned` (open shards fill the cache, or this
+# job pins its share, `--max-job-pinned`). Pins end when readers close shards, or within a second of a
+# holder's exit, so the cache is asked again soon: one refused open per 5 s instead of a wait per shard.
+PINNED_RETRY_S = 5.0
+PINNED_ADVICE = (
+    "close shards once read (every open shard pins its bytes), check `shardcache stats` for the jobs that "
+    "pin the cache, or raise shardcached --capacity or --max-job-pinned; see 'Cache pinned by open shards' "
+    "in docs/troubleshooting.md"
+)
 
 
 class DiskFullMemory:
-    """Remembers that the daemon's cache filesystem is full, so shards are read directly for a while.
+    """Remembers that the daemon's cache filesystem is full (or its cache pinned by open shards, with
+    `PINNED_ADVICE`), so shards are read directly for a while.
 
     After `refused`, `skip_daemon` is True for `retry_s` seconds; then the daemon is asked again. The
     first refusal, and the first after the daemon served an open again (`served`), log one warning; a
@@ -58,9 +69,13 @@ class DiskFullMemory:
     """
 
     def __init__(
-        self, retry_s: float = DISK_FULL_RETRY_S, clock: Callable[[], float] = time.monotonic
+        self,
+        retry_s: float = DISK_FULL_RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+        advice: str = DISK_FULL_ADVICE,
     ) -> None:
         self.retry_s = retry_s
+        self.advice = advice
         self._clock = clock
         self._until = float("-inf")  # direct reads without asking until this time
         self._full = False  # in a disk-full episode: warned, not yet served again
@@ -85,12 +100,10 @@ class DiskFullMemory:
                 "%.0f s until it has room. To fix: %s",
                 exc,
                 self.retry_s,
-                DISK_FULL_ADVICE,
+                self.advice,
             )
         else:
-            logger.debug(
-                "the cache filesystem is still full (%s); reading directly for %.0f s", url, self.retry_s
-            )
+            logger.debug("the daemon still has no room (%s); reading directly for %.0f s", url, self.retry_s)
 
     def served(self) -> None:
         """The daemon granted an open: a later disk-full refusal is a new episode, warned about again."""
