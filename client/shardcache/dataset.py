@@ -61,12 +61,13 @@ class Dataset:
 
     def __init__(self, spec: PipelineSpec, *, epoch: int | None = None) -> None:
         self._spec = spec
-        self._clock = EpochClock(epoch)  # the next pass's epoch, shared with DataLoader workers
+        # The next pass's epoch, shared with DataLoader workers; an epoch given here is pinned.
+        self._clock = EpochClock(epoch, pinned=epoch is not None)
         self._live = LiveState()
         _register_with_torch()
 
     def _derive(self, spec: PipelineSpec) -> Dataset:
-        return Dataset(spec, epoch=self._clock.next)
+        return Dataset(spec, epoch=self._clock.next if self._clock.pinned else None)
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -255,11 +256,11 @@ class Dataset:
     # -- epochs, state, fingerprints ------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` in the next pass; later passes go on from it (`shardcache.epochs`). Shard order and
+        """Read `epoch` in every pass until the next `set_epoch` (`shardcache.epochs`); shard order and
         shuffles derive from (seed, epoch). Without it, each new pass reads the epoch after the last one."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r}: expected a non-negative integer")
-        self._clock.set(epoch)
+        self._clock.pin(epoch)
 
     @property
     def epoch_clock(self) -> EpochClock:
@@ -268,7 +269,7 @@ class Dataset:
 
     @property
     def epoch(self) -> int | None:
-        """The epoch the next pass reads: set by `set_epoch` or advanced by the passes before (None: the
+        """The epoch the next pass reads: pinned by `set_epoch` or advanced by the passes before (None: the
         context's, before any pass)."""
         return self._clock.next
 
@@ -295,7 +296,7 @@ class Dataset:
         self._live.load(state, check_loaded(self._spec, state, self.resolve_context()))
         after = ended_epoch(state)
         if after is not None:  # the saved pass had ended: the next one reads the epoch after it
-            self._clock.set(after + 1)
+            self._clock.advance_to(after + 1)
 
     def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
         """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).

@@ -164,8 +164,8 @@ class TorchLoader:
         return self._add(builders.batch_stage(batch_size, drop_last, collate_fn))
 
     def set_epoch(self, epoch: int) -> None:
-        """Read `epoch` in the next pass; later passes go on from it (without it, each new pass reads the
-        epoch after the previous pass's: `shardcache.epochs`). Ignored under `own_epochs`."""
+        """Read `epoch` in every pass until the next `set_epoch` (without it, each new pass reads the epoch
+        after the previous pass's: `shardcache.epochs`). Ignored under `own_epochs`."""
         if self.own_epochs:
             logger.debug("TorchLoader.set_epoch(%r) ignored: this loader counts its own epochs", epoch)
             return
