@@ -201,6 +201,11 @@ class ShardService:
             if self._closing:
                 raise ShuttingDown("the daemon is shutting down; retry shortly")
             entry = self.store.by_url.get(url)
+            if entry is not None and not self.store.intact(entry):
+                # Deleted, truncated or replaced behind the daemon's back: drop it and fetch it again.
+                logger.warning("%s: its cache file %s is gone or damaged; fetching it again", url, entry.path)
+                self.space.evict(url, "invalid")
+                entry = None
             if (
                 entry is not None
                 and await self._still_valid(entry, size)
@@ -353,8 +358,20 @@ class ShardService:
 
     # -- space ------------------------------------------------------------------------------------------
     def evict(self, url: str) -> None:
-        """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released."""
-        self.space.evict(self.allow.check(url), "manual")
+        """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released.
+
+        Works on a shard in any state: resident (evicted), or already evicted but kept for its leases (no
+        longer revived: the next open fetches it again).
+
+        Raises:
+            NotFound: the shard is neither resident nor kept for a lease (`not_resident`).
+        """
+        canonical = self.allow.check(url)
+        kept = self.store.doomed_entry(canonical)
+        if canonical in self.store.by_url or kept is None:
+            self.space.evict(canonical, "manual")
+        else:
+            kept.no_revival = True
         self._notify()
 
     def trim(self) -> int:
