@@ -48,6 +48,8 @@ class RetryPolicy:
         for tries in range(self.retries + 1):
             try:
                 return attempt()
+            except Cancelled:
+                raise  # the daemon is stopping: not a failure of the remote
             except DaemonError as exc:
                 self._on_error(exc.code)
                 raise
