@@ -18,8 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
+from shardcached.cachedir import CacheDirWatch
 from shardcached.checksums import normalize_checksum
-from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, NoRoom, ShuttingDown
+from shardcached.dirlock import CacheDirLock
+from shardcached.errors import (
+    CacheDirMissing,
+    DaemonError,
+    InsufficientCapacity,
+    IntegrityError,
+    NoRoom,
+    ShuttingDown,
+)
 from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.layout import Entry
@@ -53,6 +62,7 @@ class ShardService:
         revalidate_after_s: float = 3600.0,
         min_free: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        lock: CacheDirLock | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -78,6 +88,7 @@ class ShardService:
             min_free=min_free,
         )
         self.checksums = ChecksumCheck(store, self.space, self._blocking)
+        self.cache_dir = CacheDirWatch(store, lock, on_lost=self._lost)
         self.sizing = SizingCheck(store.capacity, planner.prefetch_depth)
         self.prefetcher = Prefetcher(self, planner, clock)
         self._loops: list[asyncio.Task[Any]] = []
@@ -223,6 +234,10 @@ class ShardService:
                     entry = await asyncio.shield(future)
                 except NoRoom:
                     continue  # we joined a prefetch that gave up; fetch on demand
+                except CacheDirMissing as exc:
+                    if not self.cache_dir.check():  # drops the index and recreates the directory
+                        raise CacheDirMissing(self.cache_dir.problem or exc.detail) from exc
+                    continue  # fetch again into the recreated directory
             # The fetch may have finished a while ago; make sure it is still resident before leasing. A
             # joined prefetch fetched without this open's checksum: verify it as a hit would.
             if self.store.by_url.get(url) is entry and await self.checksums.holds(entry, checksum):
@@ -327,7 +342,12 @@ class ShardService:
                 self._cancel,
                 self._count_fetched,
             )
-            await self._blocking(self.store.finalize, tmp, entry)
+            try:
+                await self._blocking(self.store.finalize, tmp, entry)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                if self.cache_dir.present():
+                    raise
+                raise CacheDirMissing(f"publishing {url} failed: {self.store.cache_dir} is gone") from exc
         except ShuttingDown:
             self.store.keep_partial(key)  # what the download kept, counted until the daemon exits
             raise
@@ -396,9 +416,16 @@ class ShardService:
         self.spawn(self.prefetcher.warm(canonical))
         return canonical
 
+    def _lost(self, urls: list[str]) -> None:
+        """The cache directory vanished with these shards: the planner forgets they were resident."""
+        for url in urls:
+            self.planner.forget(url)
+        self._notify()
+
     async def _housekeeping_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(1.0)  # periodic housekeeping, not a readiness wait
+            self.cache_dir.check()
             if self.store.expire_leases() or self.planner.expire_stale() or self.store.expire_partials():
                 self._notify()
             now = self._clock()

@@ -24,8 +24,10 @@ def test_every_open_after_an_operator_removes_a_cache_file_gets_the_shard(daemon
     url = local_shards.local_paths[0]
     original = Path(url).read_bytes()
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
-    with DaemonClient(daemon.socket, required=True) as client:
+    with DaemonClient(daemon.socket, required=True) as client, api(daemon) as http:
         assert _read_through(client, url) == original
+        # Another reader of the node holds a lease on the shard (a trainer between open and read).
+        http.post("/v1/shards/open", json={"url": url}).raise_for_status()
         (cached,) = [p for p in daemon.cache_dir.glob("*.tar")]
         cached.unlink()  # what `rm <cache>/<key>.tar` does
         failures = []
