@@ -297,6 +297,12 @@ class ShardService:
                 code="size_mismatch",
             )
         key = cache_key(url, info.version)
+        if not demand and self.checksums.refused(url, key):
+            raise IntegrityError(
+                f"{url} failed its manifest checksum in this version; it is fetched again only when an open "
+                f"asks for it or the object changes on the remote",
+                code="checksum_mismatch",
+            )
         checksum = normalize_checksum(checksum) if checksum is not None else None
         current = self.store.by_url.get(url)
         if current is not None and current.key == key and checksum in (None, current.checksum):
@@ -350,6 +356,10 @@ class ShardService:
                 raise CacheDirMissing(f"publishing {url} failed: {self.store.cache_dir} is gone") from exc
         except ShuttingDown:
             self.store.keep_partial(key)  # what the download kept, counted until the daemon exits
+            raise
+        except IntegrityError as exc:
+            if exc.code == "checksum_mismatch":
+                self.checksums.refuse(url, key)
             raise
         finally:
             self.store.unreserve(info.size)
