@@ -108,6 +108,11 @@ class Metrics:
             self.refused_opens.labels(code)
         for reason in ("capacity", "disk_full"):
             self.room_waits.labels(reason)
+        self.cache_dir_losses = Counter(
+            "shardcache_cache_dir_losses",
+            "Times the cache directory vanished or was replaced while the daemon ran",
+            registry=registry,
+        )
         self._gauges: dict[str, Gauge] = {}
 
     def bind_state(self, readers: StateReaders) -> None:

@@ -428,6 +428,7 @@ class ShardService:
 
     def _lost(self, urls: list[str]) -> None:
         """The cache directory vanished with these shards: the planner forgets they were resident."""
+        self.metrics.cache_dir_losses.inc()
         for url in urls:
             self.planner.forget(url)
         self._notify()

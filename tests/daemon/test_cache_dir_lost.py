@@ -35,6 +35,7 @@ def test_opens_after_rm_rf_of_the_cache_dir_fetch_again_and_never_blame_the_remo
         assert http.get("/v1/health").status_code == 200
     assert daemon.cache_dir.is_dir()
     assert metric(daemon, "shardcache_fetch_errors_total", 'kind="not_found"') == 0
+    assert metric(daemon, "shardcache_cache_dir_losses_total") == 1
 
 
 def test_a_cache_dir_that_cannot_be_recreated_fails_health_naming_the_path(daemon_factory, local_shards):
