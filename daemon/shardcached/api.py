@@ -105,6 +105,14 @@ def _range_length(header: str | None, size: int) -> int:
     return max(0, end - int(first) + 1)
 
 
+def health_answer(problem: str | None) -> Response:
+    """`GET /v1/health` on either listener: 200 ok, or 503 failing with the reason (`problem`)."""
+    if problem is None:
+        return Response(Health(version=__version__).model_dump_json(), media_type="application/json")
+    body = Health(status="failing", version=__version__, detail=problem).model_dump_json()
+    return Response(body, status_code=503, media_type="application/json")
+
+
 def build_router(service: ShardService, policy: str) -> APIRouter:
     """The v1 routes, bound to one service."""
     router = APIRouter(prefix="/v1")
@@ -118,10 +126,11 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         telemetry.record(body)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    @router.get("/health")
-    async def health() -> Health:
-        """Liveness and version (also served on the metrics listener)."""
-        return Health(status="ok", version=__version__)
+    @router.get("/health", response_model=Health, responses=_errors(503))
+    async def health() -> Response:
+        """Liveness, readiness and version (also served on the metrics listener): 503 with the reason in
+        `detail` while the daemon cannot serve (its cache directory vanished and is not recreated yet)."""
+        return health_answer(service.cache_dir.problem)
 
     # Open and release: served by hotpath.HotPath in front of this app; these routes document them and,
     # reached without the middleware, answer through the very same functions.

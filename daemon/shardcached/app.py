@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -14,10 +14,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shardcache_protocol import Health
 from shardcached import __version__
-from shardcached.api import build_router
+from shardcached.api import build_router, health_answer
 from shardcached.config import Settings
+from shardcached.dirlock import CacheDirLock
 from shardcached.errors import DaemonError, error_body, validation_detail
 from shardcached.fetcher import Fetcher
 from shardcached.hotpath import HotPath
@@ -34,8 +34,16 @@ def _error(status: int, code: str, detail: str) -> Response:
     return Response(error_body(code, detail), status_code=status, media_type="application/json")
 
 
-def create_app(settings: Settings, store: Store, planner: Planner, registry: CollectorRegistry) -> FastAPI:
+def create_app(
+    settings: Settings,
+    store: Store,
+    planner: Planner,
+    registry: CollectorRegistry,
+    lock: CacheDirLock | None = None,
+) -> FastAPI:
     """The API app; its lifespan starts and stops the service (prefetcher, housekeeping, downloads).
+
+    `lock`: the cache directory's lock, taken again when the directory is recreated (cachedir.py).
 
     The service is reachable as `app.state.service` (the server runner uses it to begin a shutdown).
     What is served is `serving_app(app)`: the app behind `HotPath`, which answers open and release before
@@ -62,6 +70,7 @@ def create_app(settings: Settings, store: Store, planner: Planner, registry: Col
         revalidate_after_s=settings.revalidate_after_s,
         min_free=settings.min_free_bytes(),
         max_job_pinned=settings.max_job_pinned_bytes(store.capacity),
+        lock=lock,
     )
     metrics.bind_state(
         StateReaders(
@@ -124,13 +133,18 @@ def serving_app(app: FastAPI) -> HotPath:
     return HotPath(app, app.state.service)
 
 
-def create_metrics_app(registry: CollectorRegistry) -> Starlette:
-    """The TCP listener's app: `GET /metrics` and `GET /v1/health` only; the data API is not served here."""
+def create_metrics_app(
+    registry: CollectorRegistry, problem: Callable[[], str | None] = lambda: None
+) -> Starlette:
+    """The TCP listener's app: `GET /metrics` and `GET /v1/health` only; the data API is not served here.
+
+    `problem`: why the daemon cannot serve now (None: it can), read on every health request.
+    """
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def health(request: Request) -> Response:
-        return Response(Health(version=__version__).model_dump_json(), media_type="application/json")
+        return health_answer(problem())
 
     return Starlette(routes=[Route("/metrics", metrics), Route("/v1/health", health)])

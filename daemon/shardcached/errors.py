@@ -8,6 +8,7 @@ DaemonError                      root; `status` and `code` are what the single e
 │   └── IntegrityError   502     size or checksum of the downloaded bytes do not match
 ├── ShuttingDown         503     the daemon is stopping; retry against the next daemon
 │   └── Cancelled        503     a download or its retry wait was cut short by the shutdown
+├── CacheDirMissing      503     the cache directory vanished and could not be recreated yet
 └── InsufficientCapacity 507     the shard cannot fit in the cache
 
 NoRoom (not a DaemonError, never answered): a prefetch found no space it may take; it waits for the next
@@ -68,6 +69,13 @@ class ShuttingDown(DaemonError):
 
 class Cancelled(ShuttingDown):
     """The download was cancelled (daemon shutdown)."""
+
+
+class CacheDirMissing(DaemonError):
+    """The cache directory is gone (removed while the daemon ran): the cache's fault, not the remote's."""
+
+    status = 503
+    code = "cache_dir_missing"
 
 
 class InsufficientCapacity(DaemonError):

@@ -135,7 +135,9 @@ class Fetcher:
         elif resume_from is not None:
             resume_from.unlink(missing_ok=True)
         try:
-            self.retry.run(url, lambda: self._copy(url, dest, size, algo_digest, cancel, progress), cancel)
+            self.retry.run(
+                url, lambda: self._copy(url, dest, size, algo_digest, cancel, progress), cancel, local=dest
+            )
             if resumed and version is not None and self.info(url, cancel).version != version:
                 raise IntegrityError(
                     f"{url} changed on the remote while its interrupted download was resumed; open it again "
@@ -144,10 +146,10 @@ class Fetcher:
                 )
         except Cancelled:
             if not self._keep(url, dest, keep_partial):
-                dest.unlink(missing_ok=True)
+                _remove(dest)
             raise
         except BaseException:
-            dest.unlink(missing_ok=True)
+            _remove(dest)
             raise
 
     def _keep(self, url: str, dest: Path, keep_partial: Path | None) -> bool:
@@ -246,3 +248,11 @@ class Fetcher:
                 )
         with open(dest, "rb+") as out:
             os.fsync(out.fileno())
+
+
+def _remove(path: Path) -> None:
+    """Remove a failed download's temp file; its directory may be gone too (rm -rf of the cache dir)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.debug("could not remove %s: %s", path, exc)

@@ -37,7 +37,8 @@ class Entry:
     leases: int = 0
     prefetched: bool = False
     used: bool = False
-    doomed: bool = False
+    doomed: bool = False  # evicted, its files kept until its last lease ends
+    no_revival: bool = False  # evicted by hand while kept: the next open fetches it again
 
     @property
     def meta_path(self) -> Path:

@@ -19,6 +19,21 @@ _FETCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 6
 REFUSAL_CODES = ("cache_disk_full", "cache_pinned", "insufficient_capacity")
 # Jobs with their own series in the per-job pin gauges, largest first; the rest are summed as `other`.
 PIN_JOB_SERIES = 8
+# Every `kind` a failed fetch attempt is counted under (retries.py, service.py), docs/metrics.md's list.
+FETCH_ERROR_KINDS = (
+    "transient",
+    "not_found",
+    "forbidden",
+    "redirect",
+    "client_error",
+    "disk_full",
+    "size_mismatch",
+    "checksum_mismatch",
+    "bad_checksum",
+    "remote_changed",
+)
+# Every `reason` an eviction is counted under (space.py's callers), docs/metrics.md's list.
+EVICTION_REASONS = ("capacity", "prefetch", "manual", "stale", "disk_full", "checksum_mismatch", "invalid")
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,13 @@ class Metrics:
         self.evictions = Counter(
             "shardcache_evictions", "Shards removed from the cache by reason", ["reason"], registry=registry
         )
+        # Every counter whose label values are known has its zero series from the start: a series that
+        # appears only with its first event has no earlier sample, so rate()/increase() over it stay empty
+        # and an alert on "any error" never sees the first one.
+        for kind in FETCH_ERROR_KINDS:
+            self.fetch_errors.labels(kind)
+        for reason in EVICTION_REASONS:
+            self.evictions.labels(reason)
         self.prefetched = Counter(
             "shardcache_prefetched_shards",
             "Prefetched shards by outcome: opened before eviction or evicted unused",
@@ -88,7 +110,7 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        for code in REFUSAL_CODES:  # zero series exist from the start, so increase() sees the first one
+        for code in REFUSAL_CODES:  # zero series from the start, as above
             self.refused_opens.labels(code)
         for reason in ("capacity", "disk_full"):
             self.room_waits.labels(reason)
@@ -100,6 +122,11 @@ class Metrics:
         )
         for reason in ("process_exit", "ttl"):
             self.abandoned_leases.labels(reason)
+        self.cache_dir_losses = Counter(
+            "shardcache_cache_dir_losses",
+            "Times the cache directory vanished or was replaced while the daemon ran",
+            registry=registry,
+        )
         self._gauges: dict[str, Gauge] = {}
 
     def bind_state(self, readers: StateReaders) -> None:

@@ -12,9 +12,17 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
-from shardcached.errors import Cancelled, DaemonError, InsufficientCapacity, NotFound, RemoteError
+from shardcached.errors import (
+    CacheDirMissing,
+    Cancelled,
+    DaemonError,
+    InsufficientCapacity,
+    NotFound,
+    RemoteError,
+)
 from shardcached.filesystems import Redirected
 
 logger = logging.getLogger(__name__)
@@ -38,22 +46,35 @@ class RetryPolicy:
         self.backoff_max_s = backoff_max_s
         self._on_error = on_error
 
-    def run(self, url: str, attempt: Callable[[], T], cancel: threading.Event) -> T:
+    def run(
+        self, url: str, attempt: Callable[[], T], cancel: threading.Event, local: Path | None = None
+    ) -> T:
         """`attempt()`'s result; its final error, or RemoteError once the retries are spent.
+
+        `local`: the cache file the attempt writes. A missing file or directory there is the cache's
+        fault, not the remote's: reported as CacheDirMissing and not counted as a fetch error.
 
         Raises:
             Cancelled: `cancel` was set during a wait between tries.
+            CacheDirMissing: the cache directory vanished under the download.
         """
         delay = self.backoff_s
         for tries in range(self.retries + 1):
             try:
                 return attempt()
+            except Cancelled:
+                raise  # the daemon is stopping: not a failure of the remote
             except DaemonError as exc:
                 self._on_error(exc.code)
                 raise
             except (TypeError, AttributeError, NameError, AssertionError):
                 raise  # a bug, not a remote fault: never retried
             except Exception as exc:
+                if local is not None and _local_missing(exc, local):
+                    raise CacheDirMissing(
+                        f"writing {url} into the cache failed: the cache directory {local.parent} is gone "
+                        f"({exc}); shardcached recreates it, retry the open"
+                    ) from exc
                 final = self.final_error(url, exc)
                 if final is not None:
                     raise final from exc
@@ -107,6 +128,14 @@ class RetryPolicy:
             return None
         self._on_error(kind)
         return error
+
+
+def _local_missing(exc: Exception, local: Path) -> bool:
+    """Whether `exc` says the cache file `local` (or its directory) does not exist, not the remote object."""
+    missing = _in_chain(exc, FileNotFoundError) or _in_chain(exc, NotADirectoryError)
+    if missing is None:
+        return False
+    return str(local) in (missing.filename, missing.filename2) or not local.parent.is_dir()
 
 
 def _in_chain(exc: BaseException, kind: type[E]) -> E | None:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
-from shardcached.dirlock import lock_cache_dir, unlock_cache_dir
+from shardcached.dirlock import CacheDirLock
 from shardcached.planner import Planner
 from shardcached.store import Store
 
@@ -112,11 +112,12 @@ async def serve(settings: Settings) -> int:
     Raises:
         RuntimeError: the cache directory is locked by another daemon, or the socket is taken.
     """
-    lock = lock_cache_dir(settings.cache_dir)
+    lock = CacheDirLock(settings.cache_dir)
+    lock.acquire()
     try:
-        return await _serve_locked(settings)
+        return await _serve_locked(settings, lock)
     finally:
-        unlock_cache_dir(lock)
+        lock.close()
 
 
 def _describe_space(settings: Settings, capacity: int) -> str:
@@ -134,14 +135,14 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
-async def _serve_locked(settings: Settings) -> int:
+async def _serve_locked(settings: Settings, lock: CacheDirLock) -> int:
     store = Store(settings.cache_dir, settings.capacity_bytes(), settings.lease_ttl_s)
     store.recover()
     planner = Planner(
         policy=settings.policy, prefetch_depth=settings.prefetch_depth, stale_after_s=settings.plan_stale_s
     )
     registry = CollectorRegistry()
-    app = create_app(settings, store, planner, registry)
+    app = create_app(settings, store, planner, registry, lock)
     api_socket = bind_unix_socket(settings.socket)
     try:
         metrics_socket = bind_tcp(settings.metrics_addr)
@@ -150,7 +151,8 @@ async def _serve_locked(settings: Settings) -> int:
         _remove(settings.socket)
         raise
     api = _Server(_uvicorn_config(serving_app(app), 10, CoalescingHttpToolsProtocol))
-    metrics = _Server(_uvicorn_config(create_metrics_app(registry), 2))
+    service = app.state.service
+    metrics = _Server(_uvicorn_config(create_metrics_app(registry, lambda: service.cache_dir.problem), 2))
     metrics.config.lifespan = "off"
 
     loop = asyncio.get_running_loop()

@@ -18,8 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
+from shardcached.cachedir import CacheDirWatch
 from shardcached.checksums import normalize_checksum
-from shardcached.errors import DaemonError, InsufficientCapacity, IntegrityError, NoRoom, ShuttingDown
+from shardcached.dirlock import CacheDirLock
+from shardcached.errors import (
+    CacheDirMissing,
+    DaemonError,
+    InsufficientCapacity,
+    IntegrityError,
+    NoRoom,
+    ShuttingDown,
+)
 from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import AllowList, cache_key, file_suffix
 from shardcached.layout import Entry
@@ -55,6 +64,7 @@ class ShardService:
         min_free: int = 0,
         max_job_pinned: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lock: CacheDirLock | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -88,6 +98,7 @@ class ShardService:
         )
         self.refusals: dict[str, int] = {}  # 507 answers by code, for `GET /v1/stats`
         self.checksums = ChecksumCheck(store, self.space, self._blocking)
+        self.cache_dir = CacheDirWatch(store, lock, on_lost=self._lost)
         self.sizing = SizingCheck(store.capacity, planner.prefetch_depth)
         self.prefetcher = Prefetcher(self, planner, clock)
         self._loops: list[asyncio.Task[Any]] = []
@@ -236,6 +247,11 @@ class ShardService:
             if self._closing:
                 raise ShuttingDown("the daemon is shutting down; retry shortly")
             entry = self.store.by_url.get(url)
+            if entry is not None and not self.store.intact(entry):
+                # Deleted, truncated or replaced behind the daemon's back: drop it and fetch it again.
+                logger.warning("%s: its cache file %s is gone or damaged; fetching it again", url, entry.path)
+                self.space.evict(url, "invalid")
+                entry = None
             if (
                 entry is not None
                 and await self._still_valid(entry, size)
@@ -253,6 +269,10 @@ class ShardService:
                     entry = await asyncio.shield(future)
                 except NoRoom:
                     continue  # we joined a prefetch that gave up; fetch on demand
+                except CacheDirMissing as exc:
+                    if not self.cache_dir.check():  # drops the index and recreates the directory
+                        raise CacheDirMissing(self.cache_dir.problem or exc.detail) from exc
+                    continue  # fetch again into the recreated directory
             # The fetch may have finished a while ago; make sure it is still resident before leasing. A
             # joined prefetch fetched without this open's checksum: verify it as a hit would.
             if self.store.by_url.get(url) is entry and await self.checksums.holds(entry, checksum):
@@ -312,6 +332,12 @@ class ShardService:
                 code="size_mismatch",
             )
         key = cache_key(url, info.version)
+        if not demand and self.checksums.refused(url, key):
+            raise IntegrityError(
+                f"{url} failed its manifest checksum in this version; it is fetched again only when an open "
+                f"asks for it or the object changes on the remote",
+                code="checksum_mismatch",
+            )
         checksum = normalize_checksum(checksum) if checksum is not None else None
         current = self.store.by_url.get(url)
         if current is not None and current.key == key and checksum in (None, current.checksum):
@@ -357,9 +383,18 @@ class ShardService:
                 self._cancel,
                 self._count_fetched,
             )
-            await self._blocking(self.store.finalize, tmp, entry)
+            try:
+                await self._blocking(self.store.finalize, tmp, entry)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                if self.cache_dir.present():
+                    raise
+                raise CacheDirMissing(f"publishing {url} failed: {self.store.cache_dir} is gone") from exc
         except ShuttingDown:
             self.store.keep_partial(key)  # what the download kept, counted until the daemon exits
+            raise
+        except IntegrityError as exc:
+            if exc.code == "checksum_mismatch":
+                self.checksums.refuse(url, key)
             raise
         finally:
             self.store.unreserve(info.size)
@@ -388,8 +423,20 @@ class ShardService:
 
     # -- space ------------------------------------------------------------------------------------------
     def evict(self, url: str) -> None:
-        """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released."""
-        self.space.evict(self.allow.check(url), "manual")
+        """Remove one shard on request (`DELETE /v1/shards?url=`); leased files live on until released.
+
+        Works on a shard in any state: resident (evicted), or already evicted but kept for its leases (no
+        longer revived: the next open fetches it again).
+
+        Raises:
+            NotFound: the shard is neither resident nor kept for a lease (`not_resident`).
+        """
+        canonical = self.allow.check(url)
+        kept = self.store.doomed_entry(canonical)
+        if canonical in self.store.by_url or kept is None:
+            self.space.evict(canonical, "manual")
+        else:
+            kept.no_revival = True
         self._notify()
 
     def trim(self) -> int:
@@ -414,9 +461,17 @@ class ShardService:
         self.spawn(self.prefetcher.warm(canonical))
         return canonical
 
+    def _lost(self, urls: list[str]) -> None:
+        """The cache directory vanished with these shards: the planner forgets they were resident."""
+        self.metrics.cache_dir_losses.inc()
+        for url in urls:
+            self.planner.forget(url)
+        self._notify()
+
     async def _housekeeping_loop(self) -> None:
         while not self._closing:
             await asyncio.sleep(1.0)  # periodic housekeeping, not a readiness wait
+            self.cache_dir.check()
             self.owners.sweep()
             expired = self.store.expire_leases()
             if expired:

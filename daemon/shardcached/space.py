@@ -202,8 +202,9 @@ class Space:
         return max(0, size + self.store.reserved_bytes + self.min_free - free)
 
     def evict(self, url: str, reason: str) -> Entry:
-        """Drop `url` from the cache (files live on until its leases end) and count why."""
-        entry = self.store.remove(url)
+        """Drop `url` from the cache (files live on until its leases end; a broken file, reason `invalid`,
+        goes at once) and count why."""
+        entry = self.store.remove(url, broken=reason == "invalid")
         self.planner.forget(url)
         self.evictions += 1
         self.metrics.evictions.labels(reason).inc()

@@ -158,6 +158,15 @@ class Store:
             return None
         return file_stat if stat.S_ISREG(file_stat.st_mode) else None
 
+    def intact(self, entry: Entry) -> bool:
+        """Whether the entry's file is still the regular file of `entry.size` bytes the daemon published.
+
+        One `lstat` (about a microsecond): an operator's `rm` or a truncation is noticed at the next open
+        instead of being handed out (or streamed) as a broken shard.
+        """
+        file_stat = self.regular_stat(entry)
+        return file_stat is not None and file_stat.st_size == entry.size
+
     def temp_path(self, key: str) -> Path:
         return self.cache_dir / f"{TEMP_PREFIX}{key[:16]}-{secrets.token_hex(4)}"
 
@@ -205,25 +214,67 @@ class Store:
     def revive(self, key: str, checksum: str | None = None) -> Entry | None:
         """Put back a shard that was evicted but whose file lives on for its leases.
 
-        With a `checksum`, only a shard verified against that same checksum comes back.
+        With a `checksum`, only a shard verified against that same checksum comes back. A kept file that is
+        gone or truncated (someone else touched the cache dir), or that fails the checksum, never comes
+        back: it is detached (`detach`) so that the download about to replace it at the same path is not
+        unlinked when the old leases end.
         """
         entry = self._doomed.get(key)
-        if entry is not None and checksum is not None and entry.checksum != checksum:
+        if entry is None:
             return None
-        entry = self._doomed.pop(key, None)
-        if entry is not None:
-            self.doomed_bytes -= entry.size
-            entry.doomed = False
-            self._insert(entry)
+        if not self.intact(entry):
+            self.detach(entry)
+            entry.unlink_files()  # nothing a lease could protect is left there
+            return None
+        if entry.no_revival or (checksum is not None and entry.checksum != checksum):
+            self.detach(entry)
+            return None
+        del self._doomed[key]
+        self.doomed_bytes -= entry.size
+        entry.doomed = False
+        self._insert(entry)
         return entry
+
+    def detach(self, entry: Entry) -> None:
+        """Stop tracking an evicted shard kept for its leases: its lease ends remove nothing any more.
+
+        For a kept file that will be replaced (same key, same path) or that is already gone; a reader that
+        has it open keeps reading the old inode.
+        """
+        if self._doomed.get(entry.key) is entry:
+            del self._doomed[entry.key]
+            self.doomed_bytes -= entry.size
+        entry.doomed = False
+
+    def doomed_entry(self, url: str) -> Entry | None:
+        """The evicted-but-leased entry of `url`, if any (linear; for the rare manual eviction only)."""
+        return next((entry for entry in self._doomed.values() if entry.url == url), None)
+
+    def forget_all(self) -> list[str]:
+        """Drop the whole index without touching the disk (the cache directory vanished); the URLs dropped.
+
+        Leases stay valid as ids (their release answers 204) but end nothing; partial downloads and
+        reservations of downloads in flight are their owners' to settle.
+        """
+        urls = list(self._by_url)
+        for entry in [*self._by_url.values(), *self._doomed.values()]:
+            entry.doomed = False
+        self._by_url.clear()
+        self._doomed.clear()
+        self._partials.clear()
+        self.resident_bytes = self.doomed_bytes = self.partial_bytes = 0
+        return urls
 
     # -- eviction ---------------------------------------------------------------------------------------
     def evictable(self) -> list[str]:
         """URLs of resident shards no lease holds."""
         return [url for url, entry in self._by_url.items() if entry.leases == 0]
 
-    def remove(self, url: str) -> Entry:
+    def remove(self, url: str, *, broken: bool = False) -> Entry:
         """Drop a shard from the index; its files go now, or when its last lease ends.
+
+        `broken`: the file is no longer what the daemon wrote (gone, truncated, replaced): its names are
+        removed now, leases or not, since nothing a lease could protect is left there.
 
         Raises:
             NotFound: the shard is not resident.
@@ -232,7 +283,7 @@ class Store:
         if entry is None:
             raise NotFound(f"{url} is not in the cache", code="not_resident")
         self.resident_bytes -= entry.size
-        if entry.leases > 0:
+        if entry.leases > 0 and not broken:
             entry.doomed = True
             self._doomed[entry.key] = entry
             self.doomed_bytes += entry.size
@@ -279,8 +330,7 @@ class Store:
         entry = lease.entry
         entry.leases -= 1
         if entry.leases == 0 and entry.doomed:
-            self._doomed.pop(entry.key, None)
-            self.doomed_bytes -= entry.size
+            self.detach(entry)
             entry.unlink_files()
 
     def expire_leases(self) -> int:

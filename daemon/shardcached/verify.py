@@ -4,6 +4,10 @@ A shard published without a checksum (a prefetch: plans carry none) or with anot
 a worker thread, and the verified checksum recorded in its metadata, so later opens carrying it are plain
 hits. A copy that does not match is evicted; the open then fetches again with the checksum, which either
 brings the right bytes or answers 502 `checksum_mismatch`.
+
+A shard version whose download failed an open's checksum is remembered (`refuse`): prefetches and warming,
+which carry no checksum, do not publish it again until the object changes on the remote (a new version).
+An open without a checksum still gets the remote's bytes; an open with one never gets a copy that fails it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from shardcached.store import Store
 logger = logging.getLogger(__name__)
 
 Blocking = Callable[..., Awaitable[Any]]  # runs a blocking call in the service's thread pool
+MAX_REFUSED = 10_000  # shard versions remembered as failing their checksum, oldest forgotten first
 
 
 class ChecksumCheck:
@@ -29,6 +34,18 @@ class ChecksumCheck:
         self._store = store
         self._space = space
         self._blocking = blocking
+        self._refused: dict[str, str] = {}  # url -> cache key of the version that failed a checksum
+
+    def refuse(self, url: str, key: str) -> None:
+        """Remember that the version `key` of `url` failed an open's checksum."""
+        self._refused.pop(url, None)
+        self._refused[url] = key
+        if len(self._refused) > MAX_REFUSED:
+            del self._refused[next(iter(self._refused))]
+
+    def refused(self, url: str, key: str) -> bool:
+        """Whether the version `key` of `url` failed an open's checksum (not to be prefetched again)."""
+        return self._refused.get(url) == key
 
     async def holds(self, entry: Entry, checksum: str | None) -> bool:
         """Whether a resident shard may be served to an open carrying `checksum` (None: any copy).

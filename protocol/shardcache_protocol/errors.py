@@ -44,6 +44,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "checksum_mismatch": (502, "the downloaded bytes do not match the open's checksum"),
     "remote_changed": (502, "the remote object changed while its download was resumed; open it again"),
     "shutting_down": (503, "the daemon is stopping or restarting; retry once it is back"),
+    "cache_dir_missing": (503, "the daemon's cache directory vanished and is not recreated yet"),
     "insufficient_capacity": (507, "the shard is larger than the capacity, or leases pin the space"),
     "cache_disk_full": (507, "the cache filesystem is full of other files, or of leased shards"),
     "cache_pinned": (507, "leased shards alone fill the cache, or this job pins its share; read directly"),

@@ -30,10 +30,11 @@ class _Answer(BaseModel):
 
 
 class Health(_Answer):
-    """`GET /v1/health`."""
+    """`GET /v1/health`: 200 with status "ok", or 503 with status "failing" and the reason in `detail`."""
 
     status: str = "ok"
     version: str
+    detail: str | None = None
 
 
 class OpenRequest(_Request):

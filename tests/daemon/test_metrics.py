@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.deploy.deploy_files import documented_label_values
 from tests.support.daemon_api import api, metric
 from tests.support.tools import require_tool
 
@@ -56,3 +58,24 @@ def test_metrics_count_hits_misses_bytes_and_capacity(make_bucket, daemon_factor
     assert metric(daemon, "shardcache_resident_shards") == 1
     assert metric(daemon, "shardcache_open_wait_seconds_count") == 3
     assert metric(daemon, "shardcache_fetch_errors_total", 'kind="not_found"') == 0
+
+
+def test_every_documented_counter_series_exists_at_zero_on_a_fresh_daemon(daemon_factory, tmp_path):
+    # A series born with its first event has no earlier sample: rate() and the alerts miss that event.
+    # `metric()` reads an absent series as 0, so this parses the scrape and looks for each series itself.
+    daemon = daemon_factory(allow=[str(tmp_path)])
+    scrape = httpx.get(daemon.metrics_url, timeout=10).text
+    present = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(scrape)
+        for sample in family.samples
+    }
+    expected = [
+        (name, ((label, value),))
+        for name, labels in documented_label_values().items()
+        for label, values in labels.items()
+        for value in sorted(values)
+    ]
+    missing = [f"{name}{{{lv[0][0]}={lv[0][1]!r}}}" for name, lv in expected if (name, lv) not in present]
+    assert missing == [], f"{len(missing)} of {len(expected)} documented series are absent: {missing}"
+    assert all(present[key] == 0 for key in expected)

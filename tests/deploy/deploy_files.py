@@ -52,6 +52,22 @@ def documented_metrics() -> dict[str, str]:
     return found
 
 
+_LABELS_CELL = re.compile(r"`(?P<label>[a-z_]+)`\s*=\s*(?P<values>(?:`[a-z0-9_]+`(?:,\s*)?)+)")
+
+
+def documented_label_values() -> dict[str, dict[str, set[str]]]:
+    """Metric name -> label -> the values docs/metrics.md lists for it (labels written `name` = `a`, `b`)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for line in (DOCS / "metrics.md").read_text().splitlines():
+        match = _DOC_ROW.match(line)
+        if match:
+            labels_cell = line.split("|")[3]
+            for cell in _LABELS_CELL.finditer(labels_cell):
+                values = set(re.findall(r"`([a-z0-9_]+)`", cell["values"]))
+                found.setdefault(match["name"], {})[cell["label"]] = values
+    return found
+
+
 def series_names(metrics: dict[str, str]) -> set[str]:
     """The sample names a scrape carries for these metric families (histograms expand to three)."""
     names = set()

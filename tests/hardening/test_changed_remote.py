@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,16 @@ def test_a_manifest_checksum_mismatch_fails_the_pipeline_naming_the_url(
     with pytest.raises(RemoteFailed, match="checksum") as failure:  # noqa: PT012
         list(dataset)
     assert shards.s3_urls[1] in str(failure.value)
+    # Plans name the shard for this epoch and the next, so prefetches (which carry no checksum) keep
+    # asking for it; warming asks too. A version that failed its manifest checksum is never published
+    # again on the daemon's own initiative, whichever comes first: the open's refusal or a prefetch.
+    with api(daemon) as http:
+        http.post("/v1/prefetch", json={"urls": [shards.s3_urls[1]]}).raise_for_status()
+        deadline = time.monotonic() + 3.0  # an absence: watched for a while, every fetch long finished
+        while time.monotonic() < deadline:
+            assert shards.s3_urls[1] not in published_shards(daemon.cache_dir)
+            time.sleep(0.05)
+        assert http.get("/v1/stats").json()["fetches_in_flight"] == 0
     assert shards.s3_urls[1] not in published_shards(daemon.cache_dir)
 
 

@@ -7,6 +7,12 @@ corrupt-sample counts from `add_corrupt`. A background thread sends the accumula
 answers (or an older daemon lacks the route) the report is dropped silently and the next one carries only
 its own interval. The daemon exports the figures as `shardcache_client_*` metrics beside its hit ratio.
 
+The last report is delivered before the interpreter exits: the reporting thread is a daemon thread (it
+must never keep a finished script alive), and a script that ends right after its loop would otherwise
+kill it with the last figures unsent (an epoch's worth when the iteration closed with `close(wait=False)`).
+An `atexit` hook, registered when the first thread starts, lets each live Telemetry finish its last
+report within `EXIT_FLUSH_S` for all of them together, so an absent or hung daemon never hangs the exit.
+
 Example:
     >>> with Telemetry(job="resnet50", slot=rank) as telemetry:  # doctest: +SKIP
     ...     for batch in telemetry.watch(loader):
@@ -15,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -36,6 +44,18 @@ TELEMETRY_PATH = f"{API_PREFIX}/telemetry"
 DEFAULT_INTERVAL_S = 5.0
 # A report is small and the daemon answers it without I/O; a daemon slower than this is not waited for.
 _REQUEST_TIMEOUT_S = 2.0
+# The longest an exiting interpreter waits for the last reports of all its Telemetry objects together.
+EXIT_FLUSH_S = 2.0
+# Telemetry objects whose reporting thread runs, flushed at exit. Process-wide by nature, as atexit is;
+# weak, so a dropped Telemetry is not kept alive by it.
+_live: weakref.WeakSet[Telemetry] = weakref.WeakSet()
+_exit_hook: list[bool] = []  # non-empty once the atexit hook is registered (once per process)
+
+
+def _flush_all_before_exit() -> None:
+    deadline = time.monotonic() + EXIT_FLUSH_S
+    for telemetry in list(_live):
+        telemetry.flush_before_exit(deadline)
 
 
 def count_items(item: Any) -> int:
@@ -129,6 +149,7 @@ class Telemetry:
         self._sent_at = time.monotonic()
         self._control = ControlClient(self.socket, _REQUEST_TIMEOUT_S)
         self._stop = threading.Event()
+        self._send_lock = threading.Lock()  # one report in flight: the thread's, close()'s or exit's
         self._thread: threading.Thread | None = None
         self._joined = True  # whether close() sends the last figures itself (else the thread does)
 
@@ -173,6 +194,10 @@ class Telemetry:
     def start(self) -> None:
         """Start the reporting thread (`watch` and `record` start it on first use)."""
         if self._thread is None and self.interval_s > 0 and not self._stop.is_set():
+            if not _exit_hook:
+                _exit_hook.append(True)
+                atexit.register(_flush_all_before_exit)
+            _live.add(self)
             self._thread = threading.Thread(target=self._loop, name="shardcache-telemetry", daemon=True)
             self._thread.start()
 
@@ -206,13 +231,20 @@ class Telemetry:
             interval_seconds=interval,
         )
 
-    def flush(self) -> bool:
-        """Send what accumulated since the last report now; False when it was dropped (no daemon)."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Send what accumulated since the last report now; False when it was dropped (no daemon).
+
+        `timeout`: seconds the request may take (default 2).
+        """
+        with self._send_lock:
+            return self._send(timeout)
+
+    def _send(self, timeout: float | None) -> bool:
         report = self.report()
         if report is None:
             return True
         try:
-            answer = self._control.request("POST", TELEMETRY_PATH, report.model_dump())
+            answer = self._control.request("POST", TELEMETRY_PATH, report.model_dump(), timeout=timeout)
         except DaemonUnavailable as exc:
             logger.debug("telemetry for job %s slot %d dropped: %s", self.job, self.slot, exc)
             return False
@@ -238,6 +270,25 @@ class Telemetry:
         if self._joined:
             self.flush()
             self._control.close()
+            _live.discard(self)
+
+    def flush_before_exit(self, deadline: float) -> None:
+        """At interpreter exit: let the reporting thread finish, then send what is left, by `deadline`.
+
+        Bounded: a thread still busy at the deadline (a hung daemon) is abandoned with its report.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return
+        left = deadline - time.monotonic()
+        if left > 0 and self._send_lock.acquire(timeout=left):
+            try:
+                self._send(max(0.05, deadline - time.monotonic()))
+            finally:
+                self._send_lock.release()
 
     def __enter__(self) -> Telemetry:
         return self

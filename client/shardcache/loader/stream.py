@@ -23,6 +23,7 @@ not a queue: it works under every start method and needs no feeder thread in the
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import os
 import pickle
@@ -228,10 +229,15 @@ class WorkerHome:
     """
 
     def __init__(self, persistent: bool) -> None:
-        self.run_dir = tempfile.mkdtemp(prefix="shardcache-loader-")
+        remove_dead_run_dirs(Path(tempfile.gettempdir()))
+        self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+        # Held for the home's life (and by forked workers, who inherit it): a run dir whose owner lock is
+        # free belongs to a process that is gone, killed before its finalizer could remove it.
+        owner = os.open(Path(self.run_dir) / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(owner, fcntl.LOCK_EX)
         self.persistent = persistent
         self.dataloader: Any = None
-        self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid())
+        self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid(), owner)
 
     def loader_for(
         self, base: WorkerStream, order: EpochOrder, num_workers: int, loader_kwargs: dict[str, Any]
@@ -257,9 +263,49 @@ class WorkerHome:
         self._finalizer()
 
 
-def _remove_run_dir(run_dir: str, owner_pid: int) -> None:
+def _remove_run_dir(run_dir: str, owner_pid: int, owner_fd: int) -> None:
     if os.getpid() == owner_pid:  # a forked worker's copy of the trainer's objects owns nothing on disk
         shutil.rmtree(run_dir, ignore_errors=True)
+        os.close(owner_fd)
+
+
+RUN_DIR_PREFIX = "shardcache-loader-"  # then the owner's pid, for people reading $TMPDIR
+OWNER_LOCK = ".owner.lock"
+_UNOWNED_GRACE_S = 3600.0  # a run dir without an owner lock (made before locks, or being made) is kept
+
+
+def remove_dead_run_dirs(tmp: Path) -> int:
+    """Remove the run dirs in `tmp` whose TorchLoader is gone (killed: no finalizer ran); returns how many.
+
+    Liveness is the owner's `flock`, not its pid: a pid is reused, and another container sharing $TMPDIR
+    has its own pid namespace. Only directories are looked at, never followed through a link.
+    """
+    removed = 0
+    for entry in tmp.glob(f"{RUN_DIR_PREFIX}*"):
+        try:
+            if not entry.is_dir() or entry.is_symlink():
+                continue
+            try:
+                fd = os.open(entry / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if time.time() - entry.stat().st_mtime > _UNOWNED_GRACE_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed += 1
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its loader (or one of its forked workers) is alive
+            finally:
+                os.close(fd)
+        except OSError as exc:  # another user's directory, or removed meanwhile
+            logger.debug("leaving %s: %s", entry, exc)
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed += 1
+    if removed:
+        logger.info("removed %d run directories of TorchLoaders that are gone from %s", removed, tmp)
+    return removed
 
 
 class MergeNode(Node):
