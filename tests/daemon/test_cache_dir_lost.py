@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from shardcache import DaemonClient
 from tests.daemon.test_cache_dir_lock import second_daemon
 from tests.support.daemon_api import api, metric
 from tests.support.polling import wait_for
@@ -71,3 +72,14 @@ def test_a_second_daemon_on_the_same_path_after_rm_rf_still_exits(
     assert run.returncode == 1, run.stderr
     assert str(cache) in run.stderr and f"pid {first.process.pid}" in run.stderr
     assert first.healthy()
+
+
+def test_a_client_reads_directly_while_the_cache_dir_cannot_be_recreated(daemon_factory, local_shards):
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)])
+    url = local_shards.local_paths[0]
+    shutil.rmtree(daemon.cache_dir)
+    daemon.cache_dir.write_bytes(b"not a directory")
+    with api(daemon) as http:
+        wait_for(lambda: http.get("/v1/health").status_code == 503, "health to fail after rm -rf", 15)
+    with DaemonClient(daemon.socket) as client, client.open(url) as handle:
+        assert handle.read() == Path(url).read_bytes()

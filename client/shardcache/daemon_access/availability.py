@@ -87,6 +87,9 @@ class DaemonAvailability:
                 failure: DaemonError = exc
             except DaemonRequestError as exc:
                 self._came_up()
+                if cannot_cache(exc):  # it answers but has no cache to serve from: go on without it
+                    self._went_down(exc)
+                    return None
                 if not shutting_down(exc):
                     raise
                 failure = exc
@@ -210,6 +213,12 @@ def restart_wait(given: float | None) -> float:
         shown = os.environ.get(RESTART_WAIT_ENV) if given is None else repr(given)
         raise ConfigError(f"{name}={shown}: expected a number of seconds >= 0 (0 never waits)")
     return float(value)
+
+
+def cannot_cache(exc: DaemonRequestError) -> bool:
+    """A 503 the daemon sends while its cache directory is gone and cannot be recreated (its health says
+    which path): no restart to wait for; read directly (`auto`) until it answers again."""
+    return exc.status == 503 and exc.code == "cache_dir_missing"
 
 
 def shutting_down(exc: DaemonRequestError) -> bool:
