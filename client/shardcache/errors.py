@@ -99,6 +99,11 @@ class DaemonUnavailable(DaemonError):
         return type(self), (self.socket, self.reason, self.advice)  # picklable across processes
 
 
+class OutOfFileDescriptors(ShardcacheError, OSError):
+    """This process has no file descriptor left (EMFILE/ENFILE) when it reached for the daemon's socket: a
+    leak in the process (shards or iterators kept open), not a daemon that is down."""
+
+
 class DaemonRequestError(DaemonError):
     """The daemon answered with an error status."""
 

@@ -26,7 +26,7 @@ import httpcore  # noqa: F401  (imported lazily by httpx.HTTPTransport: see abov
 import httpx
 
 from shardcache import forksafe
-from shardcache.daemon_access.transport import Response, describe
+from shardcache.daemon_access.transport import Response, check_descriptors, describe
 from shardcache.errors import DaemonUnavailable
 
 BASE_URL = "http://shardcached"
@@ -99,6 +99,7 @@ class ControlClient:
                 self.socket_path, f"no answer within {timeout or self.timeout:g}s"
             ) from exc
         except httpx.TransportError as exc:
+            check_descriptors(_root_cause(exc))
             raise DaemonUnavailable(self.socket_path, describe(_root_cause(exc))) from exc
         return Response(answer.status_code, answer.content)
 

@@ -17,14 +17,16 @@ streamed handoff (`stream`) uses the stdlib `http.client` on a connection of its
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
+import resource
 import socket
 import threading
 from typing import Any
 
-from shardcache.errors import DaemonUnavailable, error_for_status
+from shardcache.errors import DaemonUnavailable, OutOfFileDescriptors, error_for_status
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -221,6 +223,7 @@ class Transport:
             try:
                 conn = _Connection(self.socket_path, self.timeout)
             except OSError as exc:
+                check_descriptors(exc)
                 raise DaemonUnavailable(self.socket_path, describe(exc)) from exc
             self._local.conn = conn
         return conn
@@ -333,6 +336,7 @@ class Transport:
             return conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
+            check_descriptors(exc)
             raise DaemonUnavailable(self.socket_path, describe(exc)) from exc
 
     def close(self) -> None:
@@ -351,6 +355,20 @@ class Transport:
         except (OSError, ValueError, http.client.HTTPException, _Closed):
             pass
         self._drop(conn)
+
+
+def check_descriptors(exc: BaseException) -> None:
+    """Raise `OutOfFileDescriptors` when `exc` says this process (or the system) has no descriptor left:
+    blaming the daemon would send the user to restart it, and reading directly would fail the same way."""
+    if not isinstance(exc, OSError) or exc.errno not in (errno.EMFILE, errno.ENFILE):
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raise OutOfFileDescriptors(
+        exc.errno,
+        f"this process has run out of file descriptors (limit {soft}) reaching for the shardcached socket: "
+        "close the iterators and shards you no longer read (iterator.close(), or drop them), or raise the "
+        "limit (ulimit -n, systemd LimitNOFILE=)",
+    ) from exc
 
 
 def describe(exc: BaseException) -> str:
