@@ -18,7 +18,7 @@ from typing import Any
 from shardcache.context import RuntimeContext, in_main_process, torch_worker_id
 from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
-from shardcache.frameworks import accelerate_skips_batches, accelerate_splits
+from shardcache.frameworks import accelerate_dispatch_batch, accelerate_skips_batches, accelerate_splits
 from shardcache.pipeline import mini_epochs as chunks
 from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
@@ -354,6 +354,9 @@ class Dataset:
         else:
             # A plain DataLoader's worker: the trainer's copy never sees this pass, the shared clock does.
             iterator = self._start(ctx.with_epoch(self._clock.worker_pass(worker, ctx.epoch)))
+            whole = accelerate_dispatch_batch(self)
+            if whole is not None:  # Accelerate's dispatcher: whole batches from every worker (see `_padded`)
+                iterator.pad_to_multiple(whole)
         return iterator
 
     def _reader_context(self) -> RuntimeContext:

@@ -77,6 +77,22 @@ def accelerate_splits(dataset: object) -> bool:
     return _wraps(held, dataset, shard_type)
 
 
+def accelerate_dispatch_batch(dataset: object) -> int | None:
+    """The batch size of Accelerate's `DataLoaderDispatcher` when it reads `dataset` in several DataLoader
+    workers (whose short last batches it would cut into in the middle of the stream), else None."""
+    data_loader = sys.modules.get("accelerate.data_loader")
+    torch_data = sys.modules.get("torch.utils.data")
+    info = None if torch_data is None else torch_data.get_worker_info()
+    if data_loader is None or info is None or int(info.num_workers) < 2:
+        return None
+    active = accelerate_active_dataloader()
+    dispatcher = getattr(data_loader, "DataLoaderDispatcher", ())
+    if not isinstance(active, dispatcher) or active.dataset is not dataset:
+        return None
+    size = getattr(active, "batch_size", None)
+    return size if isinstance(size, int) and size > 1 else None
+
+
 def accelerate_skips_batches() -> bool:
     """Whether Accelerate is replaying batches to skip them (`skip_first_batches`, a Trainer's resume)."""
     active = accelerate_active_dataloader()

@@ -4,8 +4,9 @@ resume state, skip count and telemetry)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardcache.context import RuntimeContext
@@ -114,6 +115,11 @@ class PipelineIterator:
     def __iter__(self) -> PipelineIterator:
         return self
 
+    def pad_to_multiple(self, multiple: int) -> None:
+        """End this pass with a multiple of `multiple` items, repeating its first ones (see `_padded`)."""
+        if multiple > 1:
+            self._next = _padded(self._next, multiple).__next__
+
     def on_first_item(self, callback: Callable[[int], None]) -> None:
         """Call `callback(epoch)` when this pass yields its first item (a `Dataset`'s epoch clock)."""
         self._on_first = callback
@@ -164,6 +170,27 @@ class PipelineIterator:
     def close(self) -> None:
         """Close open shards and delete this slot's daemon plans."""
         self._finalizer()
+
+
+def _padded(next_item: Callable[[], Any], multiple: int) -> Iterator[Any]:
+    """The items of `next_item`, then as many of the first ones again as make the count a multiple of
+    `multiple`. Accelerate's dispatcher joins the DataLoader workers' batches a rank's worth at a time and
+    cuts the joined batch evenly: a worker's short last batch met in the middle of the stream loses samples
+    without a word. Whole batches from every worker leave only repeats, as Accelerate's own `even_batches`
+    makes at the end of an epoch (docs/frameworks.md)."""
+    head: list[Any] = []
+    count = 0
+    while True:
+        try:
+            item = next_item()
+        except StopIteration:
+            break
+        if len(head) < multiple - 1:
+            head.append(item)
+        count += 1
+        yield item
+    if head:
+        yield from itertools.islice(itertools.cycle(head), -count % multiple)
 
 
 def start(spec: PipelineSpec, ctx: RuntimeContext, pending: dict[str, Any] | None) -> PipelineIterator:
