@@ -1,0 +1,49 @@
+"""Fixtures of the framework tests: the shards every launch reads, and a daemon for the launches that use one.
+
+Module-scoped, like the launches that read them: one daemon per test module, so its metrics count that
+module's launches only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.frameworks.framework_checks import write_shards
+from tests.support.devservers import Daemon, start_daemon
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """8 tar shards of 35 to 44 samples (315 in all), as a brace pattern."""
+    return write_shards(tmp_path_factory.mktemp("framework-shards"))
+
+
+@pytest.fixture(scope="module")
+def no_daemon() -> Iterator[Path]:
+    """A socket path where no daemon listens (SHARDCACHE_SOCKET for the launches without one): the default
+    daemon="auto" reads directly, and no daemon running on this machine is found by accident."""
+    folder = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
+    try:
+        yield folder / "absent.sock"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def daemon(shards: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A real shardcached allowed to read the shards (socket under a short /tmp path)."""
+    folder = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
+    logs = tmp_path_factory.mktemp("framework-daemon")
+    started = start_daemon(
+        folder / "d.sock", logs / "cache", [str(Path(shards).parent)], log=logs / "daemon.log"
+    )
+    try:
+        yield started
+    finally:
+        started.stop()
+        shutil.rmtree(folder, ignore_errors=True)
