@@ -11,8 +11,9 @@ holds (leased shards, evicted files kept for their leases, downloads in flight) 
 clients. When the cache filesystem lacks more than all of those together, the space is held by files that
 are not ours, and the open is refused at once (507 `cache_disk_full`): the client then reads directly.
 When the capacity lacks more than the downloads in flight will give back, leases alone hold it (a reader
-ends one only when it closes the shard, a leaking one only at the TTL), and the open is refused at once
-too (507 `cache_pinned`); the client reads directly for a few seconds.
+ends one only when it closes the shard, a leaking one only at the TTL): the open waits `PINNED_WAIT_S` (1 s)
+for readers to close what they read, then is refused (507 `cache_pinned`); the client reads directly for a
+few seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from shardcached.policies import prefetch_victim
 from shardcached.store import Store
 
 logger = logging.getLogger(__name__)
+# How long an open waits for leases alone to give back room before 507 cache_pinned (see `make_room`).
+PINNED_WAIT_S = 1.0
 
 
 class Space:
@@ -98,7 +101,12 @@ class Space:
                 f"{url} has {size} bytes, more than the cache capacity of {store.capacity} bytes; "
                 f"raise shardcached --capacity or read it directly"
             )
-        deadline = self._clock() + self.evict_wait_s
+        started = self._clock()
+        deadline = started + self.evict_wait_s
+        # Room held by leases alone is waited for only briefly: a reader closes a shard within moments of
+        # reading it (a job with many readers on a tight cache), but a leak or a holder that cannot be seen
+        # holds it for the lease TTL, and `evict_wait_s` per open would stall the other job for nothing.
+        pinned_deadline = started + min(self.evict_wait_s, PINNED_WAIT_S)
         waited = False
         while not store.fits(size) or self.disk_short(size):
             candidates = store.evictable()
@@ -135,10 +143,9 @@ class Space:
                     code="cache_disk_full",
                 )
             pinned_short = store.used + size - store.capacity - store.reserved_bytes
-            if pinned_short > 0:
+            if pinned_short > 0 and self._clock() >= pinned_deadline:
                 # Downloads in flight cannot give the room back even once done: leases alone hold it, and
-                # a lease ends when its reader closes the shard, maybe only at the lease TTL (a leak).
-                # Waiting `evict_wait_s` per open would stall the trainer for nothing it can count on.
+                # they did not end within PINNED_WAIT_S: a leak, or readers that keep shards open.
                 raise InsufficientCapacity(
                     f"no room for {url} ({size} bytes): {store.used} of {store.capacity} bytes are pinned by "
                     f"open shards (see `shardcache stats` for pins per job); the shard is read directly "
@@ -165,8 +172,10 @@ class Space:
                 self.room_waits += 1
                 self.metrics.room_waits.labels("disk_full" if short else "capacity").inc()
             changed = self._changed
+            if pinned_short > 0:
+                remaining = min(remaining, pinned_deadline - self._clock())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await asyncio.wait_for(changed.wait(), max(remaining, 0.0))
         store.reserve(size)
 
     def reclaimable(self) -> int:
