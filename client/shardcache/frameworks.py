@@ -64,8 +64,7 @@ def accelerate_splits(dataset: object) -> bool:
     if data_loader is None:
         return False
     shard_type = getattr(data_loader, "IterableDatasetShard", ())
-    torch_data = sys.modules.get("torch.utils.data")
-    info = None if torch_data is None else torch_data.get_worker_info()
+    info = _worker_info()
     if info is not None and _wraps(info.dataset, dataset, shard_type):
         return True
     active = accelerate_active_dataloader()
@@ -81,8 +80,7 @@ def accelerate_dispatch_batch(dataset: object) -> int | None:
     """The batch size of Accelerate's `DataLoaderDispatcher` when it reads `dataset` in several DataLoader
     workers (whose short last batches it would cut into in the middle of the stream), else None."""
     data_loader = sys.modules.get("accelerate.data_loader")
-    torch_data = sys.modules.get("torch.utils.data")
-    info = None if torch_data is None else torch_data.get_worker_info()
+    info = _worker_info()
     if data_loader is None or info is None or int(info.num_workers) < 2:
         return None
     active = accelerate_active_dataloader()
@@ -97,6 +95,12 @@ def accelerate_skips_batches() -> bool:
     """Whether Accelerate is replaying batches to skip them (`skip_first_batches`, a Trainer's resume)."""
     active = accelerate_active_dataloader()
     return active is not None and int(getattr(active, "skip_batches", 0) or 0) > 0
+
+
+def _worker_info() -> Any:
+    """torch's DataLoader worker info of this process (None in the trainer, or without torch loaded)."""
+    torch_data = sys.modules.get("torch.utils.data")
+    return None if torch_data is None else torch_data.get_worker_info()
 
 
 def _wraps(held: object, dataset: object, shard_type: Any) -> bool:

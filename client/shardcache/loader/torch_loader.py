@@ -41,6 +41,11 @@ _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing
 STATE_SCOPES = ("rank", "job")
 
 
+def _check_scope(name: str, scope: str) -> None:
+    if scope not in STATE_SCOPES:
+        raise ConfigError(f"{name}={scope!r}: expected one of {STATE_SCOPES}")
+
+
 class TorchLoader:
     """A `torch.utils.data.DataLoader` over `dataset`, with loader-side stages in the main process.
 
@@ -104,8 +109,7 @@ class TorchLoader:
             raise ConfigError(f"num_workers={num_workers!r}: expected an integer >= 0")
         if batch_size is not None:
             builders.positive_int("batch_size", batch_size)
-        if state_scope not in STATE_SCOPES:
-            raise ConfigError(f"state_scope={state_scope!r}: expected one of {STATE_SCOPES}")
+        _check_scope("state_scope", state_scope)
         # A plain iterable: only `__iter__` and `set_epoch` look at it, through `_plain` and `_pipeline()`.
         self.dataset = cast(Dataset, dataset)
         self._plain: Iterable[Any] | None = None if isinstance(dataset, Dataset) else dataset
@@ -246,8 +250,7 @@ class TorchLoader:
         """For framework integrations: `fetched_ahead()` says how many items the framework's loop took
         beyond the step it checkpoints (at most `keep`), so `state_dict()` names the position of that step;
         `scope` sets `state_scope`."""
-        if scope not in STATE_SCOPES:
-            raise ConfigError(f"scope={scope!r}: expected one of {STATE_SCOPES}")
+        _check_scope("scope", scope)
         self._fetched_ahead, self._keep_positions, self.state_scope = fetched_ahead, keep, scope
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
