@@ -106,11 +106,13 @@ def test_an_unreleased_lease_expires_after_its_ttl(make_bucket, daemon_factory):
     daemon = daemon_factory(
         allow=[f"s3://{shards.bucket}"],
         capacity=f"{size + size // 2}B",
-        extra_args=["--lease-ttl-s", "0.5", "--evict-wait-s", "20"],
+        # The TTL outlasts the open's wait for leased room (space.PINNED_WAIT_S, 1 s): with a shorter
+        # one the lease could expire during that wait and the refusal below would not happen.
+        extra_args=["--lease-ttl-s", "3", "--evict-wait-s", "20"],
     )
     with api(daemon) as http:
         http.post("/v1/shards/open", json={"url": shards.s3_urls[0]}).raise_for_status()
-        # While the lease pins the room, the second open is refused at once (no wait for the TTL)...
+        # While the lease pins the room, the second open is refused (after the short wait, not the TTL)...
         refused = http.post("/v1/shards/open", json={"url": shards.s3_urls[1]})
         assert (refused.status_code, refused.json()["error"]) == (507, "cache_pinned")
         # ...and once the lease expired (the holder is alive: only the TTL ends it), it evicts the first.
