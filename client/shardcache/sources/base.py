@@ -5,9 +5,11 @@ reads its units in an order fixed by (seed, epoch, round). Position = (epoch, ro
 order, index within the unit): the state a resume needs, with no sample data.
 
 Shards that cannot be read: by default the error propagates, naming the URL. `on_error="skip"` (tars, jsonl,
-parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`), whose remote
-object does not exist (`RemoteNotFound`, or `FileNotFoundError` when reading directly) or whose remote still
-failed after the daemon's retries (`RemoteFailed`); each skip is logged once and counted in
+parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`: a tar member, a
+jsonl line that is not JSON, a parquet footer or row group pyarrow refuses), whose remote object does not
+exist (`RemoteNotFound`; `ShardNotFound` when reading directly) or whose remote still failed after the
+daemon's retries (`RemoteFailed`; `RemoteAccessDenied` when reading directly without credentials). The types
+are the same through the daemon and directly. Each skip is logged once and counted in
 `skipped_shards` (surfaced as `PipelineIterator.skipped_shards`, `TorchLoader`'s iterator, and the
 telemetry's corrupt count). The tars source's older `on_corrupt="skip"` is the same mechanism limited to
 corrupt shards.
