@@ -190,17 +190,28 @@ class CorruptShardError(ShardError):
     """A shard is truncated or malformed."""
 
     def __init__(
-        self, shard: str, detail: str, member: str | None = None, *, line: int | None = None
+        self,
+        shard: str,
+        detail: str,
+        member: str | None = None,
+        *,
+        line: int | None = None,
+        advice: str = "Re-create the shard",
     ) -> None:
         where = f" at member {member!r}" if member else ""
         where += f" at line {line}" if line is not None else ""
         super().__init__(
-            f"corrupt shard {shard}{where}: {detail}. Re-create the shard, or pass on_error='skip' "
+            f"corrupt shard {shard}{where}: {detail}. {advice}, or pass on_error='skip' "
             f"to skip the rest of a corrupt shard."
         )
         self.shard = shard
+        self.detail = detail
         self.member = member
         self.line = line
+
+    def with_advice(self, advice: str) -> CorruptShardError:
+        """The same error, saying `advice` instead of "Re-create the shard"."""
+        return CorruptShardError(self.shard, self.detail, self.member, line=self.line, advice=advice)
 
 
 class CacheError(ShardcacheError):

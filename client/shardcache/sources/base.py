@@ -31,6 +31,7 @@ from shardcache.errors import (
     StateError,
 )
 from shardcache.shards import ShardRef
+from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
@@ -216,9 +217,12 @@ class SourceNode(Node):
                                 sample["__pad__"] = piece.pad
                             yield sample
                     except SKIPPABLE as exc:
+                        error = report_corrupt(self.opener.client if self.uses_daemon else None, exc)
                         if not self.skips(exc):
-                            raise
-                        self._skipped(unit, exc)
+                            if error is exc:
+                                raise
+                            raise error from exc
+                        self._skipped(unit, error)
                     finally:
                         close = getattr(samples, "close", None)
                         if close is not None:

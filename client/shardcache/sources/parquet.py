@@ -17,6 +17,7 @@ from typing import Any
 
 from shardcache.errors import ConfigError, CorruptShardError
 from shardcache.sources.base import SKIPPABLE, SourceNode
+from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
@@ -105,10 +106,13 @@ class ParquetSource(SourceNode):
             except SKIPPABLE as exc:
                 # A file whose footer cannot be read has no units; under on_error="skip" it is skipped,
                 # logged and counted once, by the slot that `n` falls to (every slot lists the units).
+                error = report_corrupt(self.opener.client, exc)
                 if not self.skips(exc):
-                    raise
+                    if error is exc:
+                        raise
+                    raise error from exc
                 if n % self.ctx.total_slots == self.ctx.slot:
-                    self._skipped(Unit(ref), exc)
+                    self._skipped(Unit(ref), error)
                 continue
             files.append((ref, [meta.row_group(rg).num_rows for rg in range(meta.num_row_groups)]))
         per_chunk = self.options.min_row_groups_per_chunk
