@@ -11,10 +11,12 @@ ShardcacheError
 │       ├── BadRequest          400/422
 │       ├── NotAllowed          403  the URL is outside the daemon's allow-list
 │       ├── RemoteNotFound      404  the remote object does not exist (or unknown lease)
+│       │   └── ShardNotFound (also FileNotFoundError)  the same, found reading the shard directly
 │       ├── RemoteFailed        502  the remote failed after retries
+│       │   └── RemoteAccessDenied (also PermissionError) no credentials or access refused, read directly
 │       └── InsufficientCapacity 507 the shard cannot fit in the cache
 ├── ShardError                           a shard cannot be read
-│   └── CorruptShardError                truncated or malformed shard (names the shard and member)
+│   └── CorruptShardError                truncated or malformed shard (names the shard and member or line)
 ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
 ├── StateError (also ValueError)         a resume state does not fit this pipeline (alias: ResumeStateError)
 └── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
@@ -135,6 +137,37 @@ class RemoteFailed(DaemonRequestError):
     """502: the remote failed after the daemon's retries."""
 
 
+class ShardNotFound(RemoteNotFound, FileNotFoundError):
+    """A shard read directly (no daemon, or a shard read around it) does not exist.
+
+    The same type as the daemon's 404 (`except RemoteNotFound` catches both ways of reading, and
+    `on_error="skip"` skips both), and still the FileNotFoundError code reading files expects.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        detail = (
+            f"{url} does not exist or is not a file: {reason}. Check the URL (and that the shard list is "
+            f"current), or pass on_error='skip' to skip shards that are gone"
+        )
+        ShardcacheError.__init__(self, f"shard not found: {detail}")
+        self.status, self.code, self.detail, self.url = 404, "remote_not_found", detail, url
+
+
+class RemoteAccessDenied(RemoteFailed, PermissionError):
+    """A shard read directly was refused: no credentials found, or the remote refused them.
+
+    The same type as the daemon's 502 `remote_forbidden` (a RemoteFailed), and still a PermissionError.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        detail = (
+            f"the remote refused access to {url}: {reason}; check the credentials of this process "
+            f"(AWS_* variables, ~/.aws, an instance role) or read through the daemon, which has its own"
+        )
+        ShardcacheError.__init__(self, f"cannot read shard: {detail}")
+        self.status, self.code, self.detail, self.url = 502, "remote_forbidden", detail, url
+
+
 class InsufficientCapacity(DaemonRequestError):
     """507: the shard is larger than the cache can hold."""
 
@@ -161,14 +194,29 @@ class ShardError(ShardcacheError):
 class CorruptShardError(ShardError):
     """A shard is truncated or malformed."""
 
-    def __init__(self, shard: str, detail: str, member: str | None = None) -> None:
+    def __init__(
+        self,
+        shard: str,
+        detail: str,
+        member: str | None = None,
+        *,
+        line: int | None = None,
+        advice: str = "Re-create the shard",
+    ) -> None:
         where = f" at member {member!r}" if member else ""
+        where += f" at line {line}" if line is not None else ""
         super().__init__(
-            f"corrupt shard {shard}{where}: {detail}. Re-create the shard, or pass on_corrupt='skip' "
+            f"corrupt shard {shard}{where}: {detail}. {advice}, or pass on_error='skip' "
             f"to skip the rest of a corrupt shard."
         )
         self.shard = shard
+        self.detail = detail
         self.member = member
+        self.line = line
+
+    def with_advice(self, advice: str) -> CorruptShardError:
+        """The same error, saying `advice` instead of "Re-create the shard"."""
+        return CorruptShardError(self.shard, self.detail, self.member, line=self.line, advice=advice)
 
 
 class CacheError(ShardcacheError):

@@ -32,6 +32,7 @@ from shardcache_protocol import (
     PrefetchAccepted,
     PrefetchRequest,
     ReleaseRequest,
+    Revalidated,
     ShardInfo,
     ShardList,
     Stats,
@@ -233,6 +234,13 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         """Evict one shard; a leased file lives on until its leases end."""
         service.evict(url)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+    @router.post("/shards/revalidate", responses=_errors(400, 403, 404, 422, 502, 503))
+    async def revalidate(url: UrlQuery) -> Revalidated:
+        """A client found the shard corrupt: compare the cached copy with the remote (size, ETag, mtime) at
+        once and drop it when the remote changed, so the next open fetches the fixed shard."""
+        resident, changed = await service.revalidate(url)
+        return Revalidated(url=service.allow.check(url), resident=resident, changed=changed)
 
     @router.get("/stats")
     async def stats() -> Stats:

@@ -39,6 +39,7 @@ class Entry:
     used: bool = False
     doomed: bool = False  # evicted, its files kept until its last lease ends
     no_revival: bool = False  # evicted by hand while kept: the next open fetches it again
+    suspect: bool = False  # a client found it corrupt: every open checks the remote version (service)
 
     @property
     def meta_path(self) -> Path:

@@ -285,13 +285,37 @@ class ShardService:
         """Whether a resident shard may be served; re-checks the remote version when it is old."""
         if size is not None and size != entry.size:
             return False  # the fetch path re-reads the remote and reports the mismatch
-        if self.revalidate_after_s <= 0 or self._clock() - entry.validated_at <= self.revalidate_after_s:
+        fresh = self.revalidate_after_s <= 0 or self._clock() - entry.validated_at <= self.revalidate_after_s
+        if fresh and not entry.suspect:  # a shard found corrupt is checked on every open until it changes
             return True
         info = await self._info(entry.url, fresh=True)
         if cache_key(entry.url, info.version) != entry.key or self.store.by_url.get(entry.url) is not entry:
             return False
         entry.validated_at = self._clock()
         return True
+
+    async def revalidate(self, url: str) -> tuple[bool, bool]:
+        """A client found `url` corrupt: compare the resident copy with the remote now (size, ETag, mtime)
+        and evict it when the remote changed, so the next open fetches the fixed shard.
+
+        Returns (resident, changed). Raises NotAllowed for a URL outside the allow-list, and the remote's
+        errors (NotFound, RemoteError) as an open would.
+        """
+        canonical = self.allow.check(url)
+        entry = self.store.by_url.get(canonical)
+        if entry is None:
+            return False, False
+        info = await self._info(canonical, fresh=True)
+        changed = cache_key(canonical, info.version) != entry.key
+        if self.store.by_url.get(canonical) is not entry:
+            return False, changed  # evicted or replaced meanwhile: the next open fetches it anyway
+        if changed:
+            logger.warning("%s: reported corrupt and changed on the remote; fetching it again", canonical)
+            self.space.evict(canonical, "stale")
+            self._notify()
+        else:
+            entry.validated_at, entry.suspect = self._clock(), True
+        return True, changed
 
     def start_fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False

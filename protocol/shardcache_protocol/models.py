@@ -88,6 +88,15 @@ class PrefetchAccepted(_Answer):
     urls: list[str] = Field(description="the canonical URLs being warmed")
 
 
+class Revalidated(_Answer):
+    """`POST /v1/shards/revalidate?url=`: a client found the shard corrupt; the daemon compared its copy
+    with the remote (size, ETag, mtime) at once."""
+
+    url: str = Field(description="the canonical URL")
+    resident: bool = Field(description="whether the daemon held a copy of the shard")
+    changed: bool = Field(description="the remote changed: the copy was dropped and the next open refetches")
+
+
 class ShardInfo(_Answer):
     url: str
     size: int

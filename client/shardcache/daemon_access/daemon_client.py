@@ -40,7 +40,16 @@ from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discove
 from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
-from shardcache_protocol import API_PREFIX, Health, OpenGrant, PlanResponse, ShardInfo, ShardList, Stats
+from shardcache_protocol import (
+    API_PREFIX,
+    Health,
+    OpenGrant,
+    PlanResponse,
+    Revalidated,
+    ShardInfo,
+    ShardList,
+    Stats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +396,12 @@ class DaemonClient(DaemonAvailability):
     def evict(self, url: str) -> None:
         """Remove one shard from the cache (`DELETE /v1/shards?url=`)."""
         self._call("DELETE", f"{_V1}/shards?url={_quote(url)}", url=url)
+
+    def revalidate(self, url: str) -> Revalidated:
+        """Report a shard found corrupt (`POST /v1/shards/revalidate?url=`): the daemon compares its copy
+        with the remote at once and drops it when the remote changed."""
+        answer = self._call("POST", f"{_V1}/shards/revalidate?url={_quote(url)}", url=url)
+        return Revalidated.model_validate(answer)
 
     def health(self) -> Health:
         """The daemon's health answer (`GET /v1/health`)."""

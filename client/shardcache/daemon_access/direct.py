@@ -21,7 +21,7 @@ from typing import IO, BinaryIO, cast
 import fsspec
 
 from shardcache import forksafe
-from shardcache.errors import InsufficientCapacity
+from shardcache.errors import InsufficientCapacity, RemoteAccessDenied, ShardNotFound
 from shardcache.extras import filesystem_extra
 
 logger = logging.getLogger(__name__)
@@ -158,10 +158,25 @@ def open_direct(url: str) -> contextlib.AbstractContextManager[BinaryIO]:
     Raises:
         ConfigError: the URL's filesystem needs a package that is not installed (s3fs for s3://); the
             message names the extra, `pip install 'shardcache[s3]'`.
+        ShardNotFound: the shard does not exist (the type the daemon's 404 has, and a FileNotFoundError).
+        RemoteAccessDenied: no credentials, or the remote refused them (the type of the daemon's 502).
     """
     path = local_path_of(url)
-    if path is not None:
-        return open(path, "rb")
-    with filesystem_extra(url):
-        handle: IO[bytes] = fsspec.open(url, "rb").open()
+    try:
+        if path is not None:
+            return open(path, "rb")
+        with filesystem_extra(url):
+            handle: IO[bytes] = fsspec.open(url, "rb").open()
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise ShardNotFound(url, str(exc) or type(exc).__name__) from exc
+    except Exception as exc:
+        if isinstance(exc, PermissionError) or _is_credentials_error(exc):
+            raise RemoteAccessDenied(url, f"{type(exc).__name__}: {exc}") from exc
+        raise
     return contextlib.closing(cast(BinaryIO, handle))
+
+
+def _is_credentials_error(exc: BaseException) -> bool:
+    """botocore's NoCredentialsError and its kin (PartialCredentialsError, ...), named without importing
+    botocore, which is only there with the s3 extra."""
+    return any("Credentials" in cls.__name__ for cls in type(exc).__mro__)

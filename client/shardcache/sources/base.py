@@ -5,9 +5,11 @@ reads its units in an order fixed by (seed, epoch, round). Position = (epoch, ro
 order, index within the unit): the state a resume needs, with no sample data.
 
 Shards that cannot be read: by default the error propagates, naming the URL. `on_error="skip"` (tars, jsonl,
-parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`), whose remote
-object does not exist (`RemoteNotFound`, or `FileNotFoundError` when reading directly) or whose remote still
-failed after the daemon's retries (`RemoteFailed`); each skip is logged once and counted in
+parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`: a tar member, a
+jsonl line that is not JSON, a parquet footer or row group pyarrow refuses), whose remote object does not
+exist (`RemoteNotFound`; `ShardNotFound` when reading directly) or whose remote still failed after the
+daemon's retries (`RemoteFailed`; `RemoteAccessDenied` when reading directly without credentials). The types
+are the same through the daemon and directly. Each skip is logged once and counted in
 `skipped_shards` (surfaced as `PipelineIterator.skipped_shards`, `TorchLoader`'s iterator, and the
 telemetry's corrupt count). The tars source's older `on_corrupt="skip"` is the same mechanism limited to
 corrupt shards.
@@ -29,6 +31,7 @@ from shardcache.errors import (
     StateError,
 )
 from shardcache.shards import ShardRef
+from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
@@ -214,9 +217,12 @@ class SourceNode(Node):
                                 sample["__pad__"] = piece.pad
                             yield sample
                     except SKIPPABLE as exc:
+                        error = report_corrupt(self.opener.client if self.uses_daemon else None, exc)
                         if not self.skips(exc):
-                            raise
-                        self._skipped(unit, exc)
+                            if error is exc:
+                                raise
+                            raise error from exc
+                        self._skipped(unit, error)
                     finally:
                         close = getattr(samples, "close", None)
                         if close is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache import envvars
-from shardcache.errors import ConfigError, ShardError
+from shardcache.errors import ConfigError, CorruptShardError, ShardError
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
@@ -95,8 +95,8 @@ class JsonlSource(SourceNode):
             for i in range(first + start, last):
                 try:
                     row = json.loads(lines[i])
-                except ValueError as exc:
-                    raise ShardError(f"{url} line {i + 1}: not valid JSON ({exc})") from exc
+                except ValueError as exc:  # also UnicodeDecodeError
+                    raise CorruptShardError(url, f"not valid JSON ({exc})", line=i + 1) from exc
                 if not isinstance(row, dict):
                     row = {"json": row}
                 row.setdefault("__key__", f"{stem}:{i}")

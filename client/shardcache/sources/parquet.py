@@ -8,14 +8,16 @@ reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.sched
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardcache.errors import ConfigError
-from shardcache.sources.base import SourceNode
+from shardcache.errors import ConfigError, CorruptShardError
+from shardcache.sources.base import SKIPPABLE, SourceNode
+from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.partition import Unit
 from shardcache.sources.schedule import slot_order
@@ -44,6 +46,17 @@ def _pq() -> Any:
     except ImportError as exc:
         raise ConfigError("the parquet source needs pyarrow: pip install 'shardcache[parquet]'") from exc
     return pq
+
+
+@contextlib.contextmanager
+def arrow_errors(url: str, member: str) -> Iterator[None]:
+    """pyarrow's errors reading `member` of the parquet file at `url` as CorruptShardError (naming both)."""
+    import pyarrow as pa  # imported by `_pq()` already
+
+    try:
+        yield
+    except pa.ArrowException as exc:
+        raise CorruptShardError(url, f"{type(exc).__name__}: {exc}", member) from exc
 
 
 @dataclass(frozen=True)
@@ -86,9 +99,21 @@ class ParquetSource(SourceNode):
     def units(self) -> list[Unit]:
         pq = _pq()
         files: list[tuple[Any, list[int]]] = []
-        for ref in self.spec.shards:
-            with self.opener.open(ref) as f:
-                meta = pq.ParquetFile(f).metadata
+        for n, ref in enumerate(self.spec.shards):
+            try:
+                with self.opener.open(ref) as f, arrow_errors(ref.url, "its footer"):
+                    meta = pq.ParquetFile(f).metadata
+            except SKIPPABLE as exc:
+                # A file whose footer cannot be read has no units; under on_error="skip" it is skipped,
+                # logged and counted once, by the slot that `n` falls to (every slot lists the units).
+                error = report_corrupt(self.opener.client, exc)
+                if not self.skips(exc):
+                    if error is exc:
+                        raise
+                    raise error from exc
+                if n % self.ctx.total_slots == self.ctx.slot:
+                    self._skipped(Unit(ref), error)
+                continue
             files.append((ref, [meta.row_group(rg).num_rows for rg in range(meta.num_row_groups)]))
         per_chunk = self.options.min_row_groups_per_chunk
         chunks = [(ref, chunk_row_groups(rows, per_chunk)) for ref, rows in files]
@@ -116,7 +141,8 @@ class ParquetSource(SourceNode):
         stem = os.path.basename(url)
         index = unit.offset
         groups = unit.row_groups if isinstance(unit, Chunk) else 1
-        with self.opener.open(unit.ref, plan) as f:
+        where = f"row groups {unit.part}-{unit.part + groups - 1}" if groups > 1 else f"row group {unit.part}"
+        with self.opener.open(unit.ref, plan) as f, arrow_errors(url, where):
             reader = pq.ParquetFile(f)
             batches = reader.iter_batches(
                 batch_size=self.options.batch_size,
