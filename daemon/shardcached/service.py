@@ -1,15 +1,14 @@
 """The cache's behaviour: opens (hit, join an in-flight fetch, or fetch), eviction, prefetch and warming.
 
-Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. One
-asyncio future per URL in flight gives single flight: every open of a shard that is being fetched awaits
-the same download. Making room (eviction, reservations) is `space.Space`'s, checking a resident copy
-against an open's checksum `verify.ChecksumCheck`'s, streamed reads `streams.py`'s.
+Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. How a
+shard is fetched, with single flight per URL, is `downloads.Downloads`'s; making room (eviction,
+reservations) `space.Space`'s; checking a resident copy against an open's checksum `verify.ChecksumCheck`'s;
+streamed reads `streams.py`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -19,18 +18,16 @@ from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
 from shardcached.cachedir import CacheDirWatch
-from shardcached.checksums import normalize_checksum
 from shardcached.dirlock import CacheDirLock
+from shardcached.downloads import Downloads
 from shardcached.errors import (
     CacheDirMissing,
-    DaemonError,
     InsufficientCapacity,
-    IntegrityError,
     NoRoom,
     ShuttingDown,
 )
-from shardcached.fetcher import Fetcher, RemoteInfo
-from shardcached.keys import AllowList, cache_key, file_suffix
+from shardcached.fetcher import Fetcher
+from shardcached.keys import AllowList, cache_key
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.owners import Owners
@@ -44,7 +41,6 @@ from shardcached.verify import ChecksumCheck
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_INFO_TTL_S = 60.0  # how long a prefetch that found no room reuses the remote info it fetched
 
 
 class ShardService:
@@ -74,8 +70,6 @@ class ShardService:
         self.max_fetches = max_fetches
         self.revalidate_after_s = revalidate_after_s
         self._clock = clock
-        self._inflight: dict[str, asyncio.Future[Entry]] = {}
-        self._infos: dict[str, tuple[float, RemoteInfo]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
         self._closing = False
@@ -101,8 +95,24 @@ class ShardService:
         self.cache_dir = CacheDirWatch(store, lock, on_lost=self._lost)
         self.sizing = SizingCheck(store.capacity, planner.prefetch_depth)
         self.prefetcher = Prefetcher(self, planner, clock)
+        self.downloads = Downloads(
+            store,
+            self.space,
+            planner,
+            fetcher,
+            metrics,
+            checksums=self.checksums,
+            cache_dir=self.cache_dir,
+            sizing=self.sizing,
+            blocking=self._blocking,
+            spawn=self.spawn,
+            done=self._notify,
+            prefetch_failed=self.prefetcher.note_failure,
+            cancel=self._cancel,
+            clock=clock,
+        )
         self._loops: list[asyncio.Task[Any]] = []
-        self.hits = self.misses = self.bytes_fetched = self.bytes_served = 0
+        self.hits = self.misses = self.bytes_served = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,7 +161,7 @@ class ShardService:
 
     @property
     def inflight(self) -> int:
-        return len(self._inflight)
+        return len(self.downloads.inflight)
 
     @property
     def closing(self) -> bool:
@@ -159,13 +169,13 @@ class ShardService:
 
     def busy(self, url: str) -> bool:
         """Whether `url` is resident or being fetched."""
-        return url in self.store.by_url or url in self._inflight
+        return url in self.store.by_url or url in self.downloads.inflight
 
     def resident(self, url: str) -> bool:
         return url in self.store.by_url
 
     def inflight_future(self, url: str) -> asyncio.Future[Entry] | None:
-        return self._inflight.get(url)
+        return self.downloads.inflight.get(url)
 
     # -- opens ------------------------------------------------------------------------------------------
     async def open(
@@ -258,7 +268,7 @@ class ShardService:
                 and await self.checksums.holds(entry, checksum)
             ):
                 return entry, result
-            future = self._inflight.get(url)
+            future = self.downloads.inflight.get(url)
             if future is not None:
                 result = "inflight" if result == "hit" else result
             else:
@@ -288,7 +298,7 @@ class ShardService:
         fresh = self.revalidate_after_s <= 0 or self._clock() - entry.validated_at <= self.revalidate_after_s
         if fresh and not entry.suspect:  # a shard found corrupt is checked on every open until it changes
             return True
-        info = await self._info(entry.url, fresh=True)
+        info = await self.downloads.info(entry.url, fresh=True)
         if cache_key(entry.url, info.version) != entry.key or self.store.by_url.get(entry.url) is not entry:
             return False
         entry.validated_at = self._clock()
@@ -305,7 +315,7 @@ class ShardService:
         entry = self.store.by_url.get(canonical)
         if entry is None:
             return False, False
-        info = await self._info(canonical, fresh=True)
+        info = await self.downloads.info(canonical, fresh=True)
         changed = cache_key(canonical, info.version) != entry.key
         if self.store.by_url.get(canonical) is not entry:
             return False, changed  # evicted or replaced meanwhile: the next open fetches it anyway
@@ -320,130 +330,11 @@ class ShardService:
     def start_fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool = False
     ) -> asyncio.Future[Entry]:
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        # Nobody may be waiting (a prefetch); retrieve the exception so asyncio does not log it as lost.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._inflight[url] = future
+        return self.downloads.start(url, size, checksum, demand=demand, warm=warm)
 
-        async def run() -> None:
-            try:
-                future.set_result(await self._fetch(url, size, checksum, demand=demand, warm=warm))
-            except DaemonError as exc:
-                if not demand:
-                    self.prefetcher.note_failure(url, exc)
-                future.set_exception(exc)
-            except BaseException as exc:  # handed to every waiter
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else ShuttingDown(str(exc)))
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                self._inflight.pop(url, None)
-                if not isinstance(future.exception() if not future.cancelled() else None, NoRoom):
-                    self._notify()
-
-        self.spawn(run())
-        return future
-
-    async def _fetch(
-        self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool
-    ) -> Entry:
-        info = await self._info(url, fresh=demand)
-        if size is not None and size != info.size:
-            self.metrics.fetch_errors.labels("size_mismatch").inc()
-            raise IntegrityError(
-                f"{url} has {info.size} bytes but the request says {size}; update the manifest",
-                code="size_mismatch",
-            )
-        key = cache_key(url, info.version)
-        if not demand and self.checksums.refused(url, key):
-            raise IntegrityError(
-                f"{url} failed its manifest checksum in this version; it is fetched again only when an open "
-                f"asks for it or the object changes on the remote",
-                code="checksum_mismatch",
-            )
-        checksum = normalize_checksum(checksum) if checksum is not None else None
-        current = self.store.by_url.get(url)
-        if current is not None and current.key == key and checksum in (None, current.checksum):
-            current.validated_at = self._clock()
-            return current
-        revived = self.store.revive(key, checksum)
-        if revived is not None:
-            revived.validated_at = self._clock()
-            return revived
-        if current is not None:
-            self.space.evict(url, "stale")
-        # A download a restart cut left its bytes; claimed first so that making room does not drop them.
-        partial = self.store.claim_partial(key)
-        try:
-            await self.space.make_room(info.size, url, demand=demand, warm=warm)
-        except BaseException:
-            self.store.keep_partial(key)
-            raise
-        entry = Entry(
-            key=key,
-            url=url,
-            version=info.version,
-            size=info.size,
-            path=self.store.cache_dir / (key + file_suffix(url)),
-            checksum=checksum,
-            validated_at=self._clock(),
-            prefetched=not demand or warm,
-        )
-        tmp = self.store.temp_path(key)
-        started = time.perf_counter()
-        try:
-            await self._blocking(
-                functools.partial(
-                    self.fetcher.download,
-                    version=info.version,
-                    resume_from=partial,
-                    keep_partial=self.store.partial_path(key),
-                ),
-                url,
-                tmp,
-                info.size,
-                checksum,
-                self._cancel,
-                self._count_fetched,
-            )
-            try:
-                await self._blocking(self.store.finalize, tmp, entry)
-            except (FileNotFoundError, NotADirectoryError) as exc:
-                if self.cache_dir.present():
-                    raise
-                raise CacheDirMissing(f"publishing {url} failed: {self.store.cache_dir} is gone") from exc
-        except ShuttingDown:
-            self.store.keep_partial(key)  # what the download kept, counted until the daemon exits
-            raise
-        except IntegrityError as exc:
-            if exc.code == "checksum_mismatch":
-                self.checksums.refuse(url, key)
-            raise
-        finally:
-            self.store.unreserve(info.size)
-        self.metrics.fetch_seconds.observe(time.perf_counter() - started)
-        self.store.add(entry)
-        self.planner.touch(url)
-        if info.size > self.sizing.largest_shard:
-            self.sizing.saw_shard(info.size)
-            self.sizing.check(self.planner.reader_count)
-        self._infos.pop(url, None)
-        logger.info("fetched %s (%d bytes, %s)", url, info.size, "demand" if demand else "prefetch")
-        return entry
-
-    def _count_fetched(self, nbytes: int) -> None:
-        # Called from download threads; a counter increment is atomic enough for statistics.
-        self.bytes_fetched += nbytes
-        self.metrics.fetched_bytes.inc(nbytes)
-
-    async def _info(self, url: str, *, fresh: bool) -> RemoteInfo:
-        cached = self._infos.get(url)
-        if not fresh and cached is not None and self._clock() - cached[0] < _INFO_TTL_S:
-            return cached[1]
-        info = await self._blocking(self.fetcher.info, url, self._cancel)
-        self._infos[url] = (self._clock(), info)
-        return info
+    @property
+    def bytes_fetched(self) -> int:
+        return self.downloads.bytes_fetched
 
     # -- space ------------------------------------------------------------------------------------------
     def evict(self, url: str) -> None:
@@ -503,6 +394,5 @@ class ShardService:
             if (expired + self.planner.expire_stale() + self.store.expire_partials()) > 0:
                 self._notify()
             now = self._clock()
-            for url in [u for u, (at, _) in self._infos.items() if now - at > _INFO_TTL_S]:
-                del self._infos[url]
+            self.downloads.forget_old_infos(now)
             self.prefetcher.forget_failures(now)
