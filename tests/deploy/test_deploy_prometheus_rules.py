@@ -78,6 +78,7 @@ def test_every_alert_has_severity_summary_and_troubleshooting_link() -> None:
         "ShardcacheCacheFullNoEvictable",
         "ShardcacheCacheDiskFull",
         "ShardcacheCachePinned",
+        "ShardcacheCacheDirLost",
         "ShardcacheDown",
     }
     for rule in alerts:
