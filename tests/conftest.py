@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -159,6 +159,7 @@ def daemon_factory(short_tmp: Path, tmp_path: Path) -> Iterator[Callable[..., Da
         cache_dir: Path | None = None,
         socket_path: Path | None = None,
         env: dict[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> Daemon:
         daemon = start_daemon(
             socket_path or short_tmp / f"d{len(started)}.sock",
@@ -168,6 +169,7 @@ def daemon_factory(short_tmp: Path, tmp_path: Path) -> Iterator[Callable[..., Da
             extra_args=extra_args or [],
             env=env,
             log=tmp_path / f"daemon{len(started)}.log",
+            wrapper=wrapper,
         )
         started.append(daemon)
         return daemon

@@ -22,6 +22,7 @@ from tests.support.daemon_api import api, metric
 from tests.support.devservers import Daemon
 from tests.support.polling import wait_for
 from tests.support.shards import make_tar_shard
+from tests.support.tools import require_tool, unavailable
 
 HOLDER = Path(__file__).with_name("lease_holder.py")
 SHARD_BYTES = 64 * 1024  # about: two samples of 32 KiB
@@ -120,6 +121,34 @@ def test_kill_9_of_a_trainer_releases_its_pins_and_plans_within_seconds(
     assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 4
     with api(daemon) as http:  # the plan goes after its grace period (5 s) unless taken over
         wait_for(lambda: http.get("/v1/stats").json()["plans"] == 0, "the killed trainer's plan to go", 10)
+
+
+def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_keeps_its_pins_until_the_lease_ttl(
+    daemon_factory: Callable[..., Daemon],
+    shards: list[str],
+    holders: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    # A DaemonSet pod beside trainer pods: the daemon lives in its own PID namespace, so SO_PEERCRED gives
+    # pid 0 for a trainer outside it. The daemon cannot follow that process (nor mistake another process
+    # with the same number for it): its leases end by the TTL, the documented last resort.
+    unshare = require_tool("unshare")
+    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        unavailable(f"cannot create a PID namespace (root or user namespaces needed): {probe.stderr.strip()}")
+    daemon = daemon_factory(
+        allow=[str(Path(shards[0]).parent)],
+        capacity=_capacity(shards, 4),
+        extra_args=["--max-job-pinned", "100%", "--lease-ttl-s", "3"],
+        wrapper=[unshare, "--pid", "--fork", "--kill-child=SIGTERM"],
+    )
+    (pid,) = start_holder(holders, daemon, shards[:2], tmp_path, "--plan", "unseen-job")
+    assert pinned_shards(daemon) == 2
+    os.kill(pid, signal.SIGKILL)
+    with api(daemon) as http:
+        wait_for(lambda: http.get("/v1/stats").json()["leases"] == 0, "the TTL to end the leases", 30)
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 2
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 0
 
 
 def test_kill_9_of_a_trainers_process_group_releases_every_member_s_pins(

@@ -159,10 +159,15 @@ def start_daemon(
     metrics_port: int | None = None,
     deadline_s: float = 30.0,
     log: Path | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Daemon:
-    """Start `shardcached` as a subprocess and wait until `/v1/health` answers on its socket."""
+    """Start `shardcached` as a subprocess and wait until `/v1/health` answers on its socket.
+
+    `wrapper` prefixes the command (e.g. `unshare --pid --fork` to run the daemon in its own PID namespace).
+    """
     port = metrics_port or free_tcp_port()
     args = [
+        *wrapper,
         sys.executable,
         "-m",
         "shardcached",
