@@ -142,13 +142,20 @@ def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_keeps_its_pins_until
         extra_args=["--max-job-pinned", "100%", "--lease-ttl-s", "3"],
         wrapper=[unshare, "--pid", "--fork", "--kill-child=SIGTERM"],
     )
-    (pid,) = start_holder(holders, daemon, shards[:2], tmp_path, "--plan", "unseen-job")
-    assert pinned_shards(daemon) == 2
-    os.kill(pid, signal.SIGKILL)
-    with api(daemon) as http:
-        wait_for(lambda: http.get("/v1/stats").json()["leases"] == 0, "the TTL to end the leases", 30)
-    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 2
-    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 0
+    try:
+        (pid,) = start_holder(holders, daemon, shards[:2], tmp_path, "--plan", "unseen-job")
+        assert pinned_shards(daemon) == 2
+        os.kill(pid, signal.SIGKILL)
+        with api(daemon) as http:
+            wait_for(lambda: http.get("/v1/stats").json()["leases"] == 0, "the TTL to end the leases", 30)
+        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 2
+        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 0
+    finally:
+        # `unshare --fork` ignores SIGTERM itself (its child is to handle it): stop the daemon directly.
+        wrapper = daemon.process.pid
+        for child in Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split():
+            os.kill(int(child), signal.SIGTERM)
+        daemon.process.wait(15)
 
 
 def test_kill_9_of_a_trainers_process_group_releases_every_member_s_pins(
