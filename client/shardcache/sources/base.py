@@ -107,6 +107,13 @@ class SourceNode(Node):
             self._opener = ShardOpener(self.spec.daemon)
         return self._opener
 
+    def close(self) -> None:
+        """Close the open shard and announced plans (the generator's cleanup), then the daemon connection."""
+        super().close()
+        if self._opener is not None:
+            self._opener.close()
+            self._opener = None
+
     @property
     def partitioning(self) -> Partitioning:
         """Placement and equal-work mode for this reader (`shardcache.sources.partition`)."""

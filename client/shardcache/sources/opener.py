@@ -45,6 +45,7 @@ class ShardOpener:
 
     def __init__(self, daemon: DaemonSetting) -> None:
         self.client = make_client(daemon)
+        self._owns_client = self.client is not None and self.client is not daemon
         # Called once a shard is open through the daemon (the source re-announces its plans from there
         # when the daemon restarted; see `SourceNode.gen`).
         self.after_open: Callable[[], None] | None = None
@@ -60,6 +61,16 @@ class ShardOpener:
             if self.after_open is not None:
                 self.after_open()
             yield f
+
+    def close(self) -> None:
+        """Close the connection this opener made (a DaemonClient passed in stays the caller's to close).
+
+        Called when the source closes: a source sits in a reference cycle (a node holds its generator, whose
+        frame holds the node), so without this an abandoned iterator's connection to the daemon would stay
+        open until the cyclic garbage collector ran.
+        """
+        if self._owns_client and self.client is not None:
+            self.client.close()
 
     @contextlib.contextmanager
     def open_buffer(self, ref: ShardRef, plan: str | None = None) -> Iterator[mmap.mmap | IO[bytes]]:
