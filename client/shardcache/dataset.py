@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext, in_main_process, torch_worker_id
+from shardcache.daemon_access.telemetry import items_are_batches
 from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
 from shardcache.frameworks import accelerate_dispatch_batch, accelerate_skips_batches, accelerate_splits
@@ -349,8 +350,8 @@ class Dataset:
             iterator.on_first_item(self._clock.passed)
             # A trainer's own loop: report its wait time to the daemon (DataLoader workers do not; a
             # TorchLoader reports for all of them from the main process).
-            kinds = [stage.kind for stage in self.stages if stage.kind in ("batch", "unbatch")]
-            iterator.report_to_daemon(self.source, batched=bool(kinds) and kinds[-1] == "batch")
+            batched = items_are_batches((stage.batches for stage in self.stages), batched_before=False)
+            iterator.report_to_daemon(self.source, batched=batched)
         else:
             # A plain DataLoader's worker: the trainer's copy never sees this pass, the shared clock does.
             iterator = self._start(ctx.with_epoch(self._clock.worker_pass(worker, ctx.epoch)))

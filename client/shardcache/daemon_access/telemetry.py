@@ -319,10 +319,11 @@ def for_reader(
     return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped, count=count)
 
 
-def items_are_batches(stage_kinds: Iterable[str], batched_before: bool) -> bool:
-    """Whether a pipeline's items are batches: its last batch/unbatch stage, else `batched_before`."""
-    kinds = [kind for kind in stage_kinds if kind in ("batch", "unbatch")]
-    return kinds[-1] == "batch" if kinds else batched_before
+def items_are_batches(batching: Iterable[bool | None], batched_before: bool) -> bool:
+    """Whether a pipeline's items are batches, from its stages' `batches` traits in order: the last stage
+    that batches or unbatches decides, else `batched_before`."""
+    decided = [batches for batches in batching if batches is not None]
+    return decided[-1] if decided else batched_before
 
 
 # Items timed between two hand-overs of the totals to the reporting thread (see `timed_items`).

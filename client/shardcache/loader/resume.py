@@ -21,7 +21,6 @@ from shardcache.formatting import callable_name
 from shardcache.loader.stream import MergeNode
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.elastic import (
-    ONE_TO_ONE_STAGES,
     check_merged,
     elastic_state,
     is_merged,
@@ -205,14 +204,14 @@ def _from_merged(
     )
     if unchanged:
         return states[ctx.dp_rank], {}, int(merged["epoch"])
-    if any(stage.kind == "shuffle" for stage in shape.stages):
+    if any(isinstance(stage, ShuffleStage) for stage in shape.stages):
         origin = _loader_shuffle_origin(shape, merged)
     else:
         entries: list[tuple[int, dict[str, Any] | None, bool]] = []
         for state in states:
             merge = state["pipeline"]
             for stage in reversed(shape.stages):
-                if stage.kind not in ("map", "batch"):
+                if not stage.passes_position:  # the loader's own: map, batch (it has no select)
                     raise UnsupportedResume(
                         "an elastic resume (another number of nodes, ranks or workers) cannot go through "
                         f"the loader-side .{stage.describe()}: it holds items back. Resume on the same "
@@ -247,15 +246,15 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[s
         )
 
     stages = list(shape.stages)
-    at = next(i for i, s in enumerate(stages) if s.kind == "shuffle")
+    at = next(i for i, s in enumerate(stages) if isinstance(s, ShuffleStage))
     shuffle = stages[at]
     assert isinstance(shuffle, ShuffleStage)
-    below = [s.kind for s in stages[:at] if s.kind != "map"]
-    if below != (["unbatch"] if shape.batch_size is not None else []) or any(
-        s.kind not in ("map", "batch") for s in stages[at + 1 :]
+    below = [s.batches for s in stages[:at] if not s.one_to_one]  # besides maps: one unbatch, if batched
+    if below != ([False] if shape.batch_size is not None else []) or any(
+        not s.passes_position for s in stages[at + 1 :]
     ):
         raise refuse("the workers' batches unbatched right before it and only map or batch after it")
-    if any(s.kind not in ONE_TO_ONE_STAGES for s in shape.dataset.stages):
+    if any(not s.one_to_one for s in shape.dataset.stages):
         raise refuse("only map and select in the dataset (one sample per input)")
     if shape.drop_last:
         raise refuse("drop_last=False for the workers' batches")

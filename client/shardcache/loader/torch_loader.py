@@ -270,8 +270,9 @@ class TorchLoader:
         job = source_job(spec.hints.job, spec.shards, ctx.seed)
         merge = merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
         # Samples, not items: the workers' items are batches with a batch_size or a worker-side .batch().
-        workers_batch = items_are_batches((s.kind for s in self.dataset.stages), self.batch_size is not None)
-        batched = items_are_batches((s.kind for s in self.stages), workers_batch)
+        worker_batching = (s.batches for s in self.dataset.stages)
+        workers_batch = items_are_batches(worker_batching, self.batch_size is not None)
+        batched = items_are_batches((s.batches for s in self.stages), workers_batch)
         return for_reader(
             spec.daemon, job, ctx.slot, lambda: 0 if merge is None else merge.skipped_shards, batched
         )

@@ -43,9 +43,6 @@ from shardcache.stages.base import State
 
 logger = logging.getLogger(__name__)
 
-# Stages that keep one output per input: a member with only these has the size its manifest tells.
-_COUNT_PRESERVING = frozenset({"map", "select", "shuffle"})
-
 
 @dataclass(frozen=True)
 class MixConfig:
@@ -80,9 +77,8 @@ def pass_seed(seed: int, pass_index: int) -> int:
 def member_size(spec: PipelineSpec) -> int:
     """A member's sample count: from manifests' `num_samples` when stages keep counts, else counted once."""
     counts = [ref.num_samples for ref in spec.source.shards]
-    if all(kind in _COUNT_PRESERVING for kind in (s.kind for s in spec.stages)) and all(
-        c is not None for c in counts
-    ):
+    # Stages that keep one output per input leave a member the size its manifests tell.
+    if all(s.keeps_count for s in spec.stages) and all(c is not None for c in counts):
         return sum(c for c in counts if c is not None)
     logger.info("mix: counting the samples of %r once (no manifest num_samples)", spec.source)
     single = RuntimeContext(seed=spec.resolve_context(None, None).seed)

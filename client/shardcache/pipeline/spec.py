@@ -23,7 +23,7 @@ from shardcache.resume.check import pipeline_parts
 from shardcache.sources import SourceNode, SourceSpec, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.subset import select_units
-from shardcache.stages import Node, Stage
+from shardcache.stages import CacheStage, Node, Stage
 
 # How a pipeline becomes one slot's node chain (`shardcache.pipeline.build.build`), handed to the parts that
 # build pipelines of their own below it (a mix's members, a `.cache()` boundary before another).
@@ -67,7 +67,7 @@ class PipelineSpec:
     @property
     def cached(self) -> bool:
         """Whether a `.cache()` boundary is in the stages."""
-        return any(stage.kind == "cache" for stage in self.stages)
+        return any(isinstance(stage, CacheStage) for stage in self.stages)
 
     def with_stages(self, stages: Sequence[Stage]) -> PipelineSpec:
         """The same source (and facts) with another stage list."""

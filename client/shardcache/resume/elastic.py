@@ -43,13 +43,11 @@ from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_vers
 from shardcache.sources.base import unit_position
 from shardcache.sources.partition import Layout
 from shardcache.sources.pieces import needs_counts as needs_counts
-from shardcache.stages import Node, Stage
+from shardcache.stages import STAGE_SPECS, Node, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
-# Stages whose state is just their upstream's position (nothing held back).
-POSITION_STAGES = ("map", "select", "batch")
-# Stages that turn each input into exactly one output (what may run below a shuffle).
-ONE_TO_ONE_STAGES = ("map", "select")
+# The stages an elastic resume reads through, by name, for the message that refuses the others.
+POSITION_STAGE_KINDS = tuple(spec.kind for spec in STAGE_SPECS if spec.passes_position)
 
 
 def is_merged(state: Any) -> bool:
@@ -169,15 +167,15 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
     state = pipeline
     progress: dict[str, Any] = {}
     for stage in reversed(stages):
-        if stage.kind == "shuffle" and not progress:
+        if isinstance(stage, ShuffleStage) and not progress:
             taken, emitted = ShuffleNode.progress(state)
             progress = {"taken": taken, "emitted": emitted}
-        elif stage.kind not in (POSITION_STAGES if not progress else ONE_TO_ONE_STAGES):
+        elif not (stage.one_to_one if progress else stage.passes_position):
             below = " below a shuffle" if progress else ""
             raise UnsupportedResume(
                 f"an elastic resume (another number of nodes, ranks or workers) cannot go through "
                 f".{stage.describe()}{below}: it holds samples back. Resume on the same topology with each "
-                f"rank's own state, or keep only {', '.join(POSITION_STAGES)} stages and one shuffle "
+                f"rank's own state, or keep only {', '.join(POSITION_STAGE_KINDS)} stages and one shuffle "
                 "(with only map and select before it) after the source"
             )
         state = Node.state_below(state)

@@ -29,7 +29,7 @@ CACHE_DEFAULTS: dict[str, Any] = {
 
 
 def last_cache(stages: tuple[Stage, ...]) -> int:
-    return max((i for i, s in enumerate(stages) if s.kind == "cache"), default=-1)
+    return max((i for i, s in enumerate(stages) if isinstance(s, CacheStage)), default=-1)
 
 
 def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:

@@ -22,6 +22,7 @@ import fsspec
 from shardcache.errors import CacheError, ConfigError
 from shardcache.shards import has_protocol, local_path
 from shardcache.snapshots.fingerprint import Fingerprinter, fingerprint_of, is_local
+from shardcache.stages.traits import StageTraits
 
 logger = logging.getLogger(__name__)
 
@@ -33,39 +34,31 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
-def validate_pre_cache(stages: Sequence[Any], *, warn: bool = True) -> None:
-    """Check that the stages before `.cache()` can be cached; log the shuffle trade-off.
+def validate_pre_cache(stages: Sequence[StageTraits], *, warn: bool = True) -> None:
+    """Check that the stages before `.cache()` can be cached; log their trade-offs (a shuffle's).
 
     Args:
-        stages: The stage specs before the cache boundary (each with `.kind`).
-        warn: Log a warning for each `shuffle` (off when re-checking at iteration time).
+        stages: The stage specs before the cache boundary.
+        warn: Log each stage's `before_cache_warning` (off when re-checking at iteration time).
 
     Raises:
         ConfigError: A `batch`/`unbatch` stage, or a stage kind that cannot go into a cache.
     """
     for stage in stages:
         kind = stage.kind
-        if kind in ("batch", "unbatch"):
+        if stage.batches is not None:
             raise ConfigError(
                 f".{kind}() before .cache() is not supported: the cache stores samples, not batches. "
                 f"Move .{kind}() after .cache()"
             )
-        if kind == "shuffle" and warn:
-            logger.warning(
-                "shuffle(buffer_size=%s) before .cache() is materialised once: every epoch reads the cached "
-                "order, and the shuffle is not part of the cache fingerprint (changing it reuses the entry). "
-                "Shuffle after .cache() to reshuffle every epoch",
-                getattr(stage, "buffer_size", "?"),
-            )
-        elif kind not in ("map", "select", "shuffle", "assemble", "cache"):
+        if not stage.before_cache:
             raise ConfigError(f"stage {kind!r} before .cache() is not supported")
+        warning = stage.before_cache_warning() if warn else None
+        if warning is not None:
+            logger.warning("%s", warning)
 
 
-def _callable_of(stage: Any) -> Any:
-    return stage.fn if stage.kind == "map" else stage.factory if stage.kind == "assemble" else None
-
-
-def frozen_identities(stages: Sequence[Any]) -> tuple[str | None, ...]:
+def frozen_identities(stages: Sequence[StageTraits]) -> tuple[str | None, ...]:
     """The fingerprints, taken now, of the lambdas and local closures of `stages` (None for the others).
 
     `.cache()` calls it when it is called: a closure's captured values (a counter, a list it appends to)
@@ -73,23 +66,9 @@ def frozen_identities(stages: Sequence[Any]) -> tuple[str | None, ...]:
     callables are fingerprinted at each build instead, so editing a global they read rebuilds the entry.
     """
     return tuple(
-        fingerprint_of(fn) if (fn := _callable_of(stage)) is not None and is_local(fn) else None
+        fingerprint_of(fn) if (fn := stage.user_callable) is not None and is_local(fn) else None
         for stage in stages
     )
-
-
-def _stage_token(stage: Any, frozen: str | None = None) -> tuple[Any, ...] | None:
-    kind = stage.kind
-    if kind == "map":
-        return ("map", stage.fn) if frozen is None else ("map", "frozen", frozen)
-    if kind == "select":
-        return ("select", tuple(stage.fields))
-    if kind == "assemble":
-        factory = stage.factory if frozen is None else ("frozen", frozen)
-        return ("assemble", factory, bool(stage.drop_last))
-    if kind == "cache":
-        return ("cache",)
-    return None  # shuffle: reorders only, deliberately not part of the fingerprint
 
 
 def _version_from_info(info: dict[str, Any]) -> tuple[Any, ...]:
@@ -184,7 +163,7 @@ def plan_fingerprint(
     for ref, version in zip(source.shards, versions, strict=True):
         fingerprinter.add((ref.url, ref.size, ref.checksum, version))
     for i, stage in enumerate(stages):
-        token = _stage_token(stage, frozen[i] if i < len(frozen) else None)
+        token = stage.cache_identity(frozen[i] if i < len(frozen) else None)
         if token is not None:
             fingerprinter.add(token)
     return fingerprinter.hexdigest(), describe_plan(source, stages)

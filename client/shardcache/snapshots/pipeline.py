@@ -10,6 +10,7 @@ from shardcache.errors import ArgumentTypeError, ConfigError
 from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.parallel import parallel_map
 from shardcache.stages.base import Node, State
+from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
 
 
@@ -88,7 +89,7 @@ def iterate_part(
         build_nodes: Builds `pre` whole when it has an earlier `.cache()` boundary of its own.
     """
     stages = list(pre.stages)
-    if any(stage.kind == "cache" for stage in stages):
+    if any(isinstance(stage, CacheStage) for stage in stages):
         # An earlier .cache() boundary: the pipeline resolves it (materialising it first) when building.
         inner = build_nodes(pre, context)
         try:
@@ -97,7 +98,7 @@ def iterate_part(
             inner.close()
         return
     lead = 0
-    while lead < len(stages) and stages[lead].kind == "map":
+    while lead < len(stages) and isinstance(stages[lead], MapStage):
         lead += 1
     source = pre.source_node(context)
     node: Node = source

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from shardcache.stages.assemble import AssembleStage
 from shardcache.stages.balance import BalanceStage
 from shardcache.stages.base import Node
@@ -11,6 +13,7 @@ from shardcache.stages.map import MapStage
 from shardcache.stages.resolve_ref import ResolveRefStage
 from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
+from shardcache.stages.traits import StageTraits
 from shardcache.stages.unbatch import UnbatchStage
 
 Stage = (
@@ -25,6 +28,9 @@ Stage = (
     | ResolveRefStage
 )
 
+# Every stage spec class, in the order of the union: what code that lists kinds by a trait walks.
+STAGE_SPECS: tuple[type[StageTraits], ...] = get_args(Stage)
+
 __all__ = [
     "AssembleStage",
     "BalanceStage",
@@ -35,6 +41,8 @@ __all__ = [
     "Node",
     "SelectStage",
     "ShuffleStage",
+    "STAGE_SPECS",
     "Stage",
+    "StageTraits",
     "UnbatchStage",
 ]

@@ -27,6 +27,7 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, State, field
+from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64
 
@@ -39,12 +40,21 @@ class Assembler(Protocol):
 
 
 @dataclass(frozen=True)
-class AssembleStage:
+class AssembleStage(StageTraits):
     """Feed samples to `factory(context)`'s assembler; emit what `push` and `finish` return."""
 
     factory: Callable[[RuntimeContext], Assembler]
     drop_last: bool = False
     kind: ClassVar[str] = "assemble"
+    before_cache: ClassVar[bool] = True
+
+    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+        factory = self.factory if frozen is None else ("frozen", frozen)
+        return ("assemble", factory, bool(self.drop_last))
+
+    @property
+    def user_callable(self) -> Any:
+        return self.factory
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return AssembleNode(up, self.factory, self.drop_last, ctx)

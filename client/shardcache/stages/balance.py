@@ -40,6 +40,7 @@ from shardcache.errors import ConfigError, ResumeStateError
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, State
 from shardcache.stages.base import field as state_field
+from shardcache.stages.traits import StageTraits
 
 Topology = Literal["node", "none"]
 
@@ -160,7 +161,7 @@ def plan_chunk(
 
 
 @dataclass(frozen=True)
-class BalanceStage:
+class BalanceStage(StageTraits):
     """Equal item counts per data-parallel rank (see the module); `process_group` None: the default group."""
 
     drop_last: bool = True

@@ -9,16 +9,19 @@ from typing import Any, ClassVar
 from shardcache.context import RuntimeContext
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, StatelessNode
+from shardcache.stages.traits import StageTraits
 
 
 @dataclass(frozen=True)
-class BatchStage:
+class BatchStage(StageTraits):
     """Emit lists of `batch_size` samples (passed through `collate_fn` when given)."""
 
     batch_size: int
     drop_last: bool = False
     collate_fn: Callable[[list[Any]], Any] | None = None
     kind: ClassVar[str] = "batch"
+    passes_position: ClassVar[bool] = True
+    batches: ClassVar[bool | None] = True
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return BatchNode(up, self.batch_size, self.drop_last, self.collate_fn)

@@ -13,6 +13,7 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node
+from shardcache.stages.traits import StageTraits
 
 SNAPSHOT_SUBSET = "subset"
 """The option holding a split()/sample() step of the snapshot's own rows (`shardcache.pipeline.subsets`)."""
@@ -24,11 +25,15 @@ back with fresh row metadata (`shardcache.snapshots.snapshot`)."""
 
 
 @dataclass(frozen=True)
-class CacheStage:
+class CacheStage(StageTraits):
     """Materialise everything before this stage; the options are `.cache()`'s keyword arguments."""
 
     options: Mapping[str, Any] = field(default_factory=dict)
     kind: ClassVar[str] = "cache"
+    before_cache: ClassVar[bool] = True
+
+    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+        return ("cache",)
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         raise ConfigError("a cache stage is resolved by Dataset iteration, not built as a node")

@@ -9,14 +9,26 @@ from typing import Any, ClassVar
 from shardcache.context import RuntimeContext
 from shardcache.formatting import callable_name
 from shardcache.stages.base import Node, StatelessNode
+from shardcache.stages.traits import StageTraits
 
 
 @dataclass(frozen=True)
-class MapStage:
+class MapStage(StageTraits):
     """Apply `fn` to every sample."""
 
     fn: Callable[[Any], Any]
     kind: ClassVar[str] = "map"
+    passes_position: ClassVar[bool] = True
+    one_to_one: ClassVar[bool] = True
+    keeps_count: ClassVar[bool] = True
+    before_cache: ClassVar[bool] = True
+
+    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+        return ("map", self.fn) if frozen is None else ("map", "frozen", frozen)
+
+    @property
+    def user_callable(self) -> Callable[[Any], Any]:
+        return self.fn
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return MapNode(up, self.fn)

@@ -18,10 +18,11 @@ from shardcache.errors import ConfigError, StateError
 from shardcache.sources.lance_refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
 from shardcache.stages.base import Node, State
 from shardcache.stages.builders import positive_int
+from shardcache.stages.traits import StageTraits
 
 
 @dataclass(frozen=True)
-class ResolveRefStage:
+class ResolveRefStage(StageTraits):
     """The `resolve_ref()` stage: the reference columns it resolves and its read-ahead."""
 
     refs: tuple[RefColumn, ...]

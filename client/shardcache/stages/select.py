@@ -8,14 +8,22 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.stages.base import Node, StatelessNode
+from shardcache.stages.traits import StageTraits
 
 
 @dataclass(frozen=True)
-class SelectStage:
+class SelectStage(StageTraits):
     """Project each sample onto `fields` plus its metadata (`__key__`, `__shard__`, ...)."""
 
     fields: tuple[str, ...]
     kind: ClassVar[str] = "select"
+    passes_position: ClassVar[bool] = True
+    one_to_one: ClassVar[bool] = True
+    keeps_count: ClassVar[bool] = True
+    before_cache: ClassVar[bool] = True
+
+    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+        return ("select", tuple(self.fields))
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return SelectNode(up, self.fields)

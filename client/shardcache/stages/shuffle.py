@@ -24,12 +24,13 @@ from typing import Any, ClassVar
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.stages.base import Node, State, field
+from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64  # a power of two: the hot loop tests `taken & (CHECKPOINT_EVERY - 1)`
 
 
 @dataclass(frozen=True)
-class ShuffleStage:
+class ShuffleStage(StageTraits):
     """Shuffle through a buffer of `buffer_size` samples; emitting starts once `initial` samples are in.
 
     The RNG is seeded from (seed, slot, epoch) unless `seed` is given; TP co-members share a slot, so they
@@ -40,6 +41,15 @@ class ShuffleStage:
     initial: int | None = None
     seed: int | None = None
     kind: ClassVar[str] = "shuffle"
+    keeps_count: ClassVar[bool] = True
+    before_cache: ClassVar[bool] = True  # reorders only: deliberately not part of the cache's identity
+
+    def before_cache_warning(self) -> str:
+        return (
+            f"shuffle(buffer_size={self.buffer_size}) before .cache() is materialised once: every epoch "
+            "reads the cached order, and the shuffle is not part of the cache fingerprint (changing it "
+            "reuses the entry). Shuffle after .cache() to reshuffle every epoch"
+        )
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         base = ctx.sample_shuffle_seed if self.seed is None else self.seed

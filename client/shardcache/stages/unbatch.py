@@ -8,13 +8,15 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.stages.base import Node, State, field
+from shardcache.stages.traits import StageTraits
 
 
 @dataclass(frozen=True)
-class UnbatchStage:
+class UnbatchStage(StageTraits):
     """Yield the items of each batch."""
 
     kind: ClassVar[str] = "unbatch"
+    batches: ClassVar[bool | None] = False
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return UnbatchNode(up)

@@ -1,0 +1,41 @@
+"""What code outside a stage's own module may ask of its kind: each stage spec declares its answers.
+
+Resume, mixing, the cache boundary and telemetry decide by these traits, never by a stage's `kind` string,
+so a new stage is one module (its spec with these class attributes, and its node) plus one line in
+`shardcache.stages.Stage`. The defaults are the cautious answers: a stage that declares nothing holds items
+back, changes their count, cannot go before `.cache()` and leaves batching as it found it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class StageTraits:
+    """Base of every stage spec (frozen dataclasses); the class attributes below are its kind's traits."""
+
+    kind: ClassVar[str]
+    # Its state is its upstream's position: it holds nothing back, so an elastic resume reads through it.
+    passes_position: ClassVar[bool] = False
+    # Exactly one output per input, in order: it may run below a shuffle that an elastic resume replays.
+    one_to_one: ClassVar[bool] = False
+    # As many outputs as inputs (in any order): a mixed member's size is then its manifest's.
+    keeps_count: ClassVar[bool] = False
+    # May run before `.cache()`: the cache stores what it yields.
+    before_cache: ClassVar[bool] = False
+    # True: its items are batches; False: it splits batches into samples; None: it leaves items as they come.
+    batches: ClassVar[bool | None] = None
+
+    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...] | None:
+        """What of this stage names a `.cache()` entry (None: nothing; `frozen`: its callable's fingerprint
+        taken when `.cache()` was called, for lambdas and closures)."""
+        return None
+
+    @property
+    def user_callable(self) -> Any:
+        """The user's function this stage runs, whose code fingerprints a cache entry (None: none)."""
+        return None
+
+    def before_cache_warning(self) -> str | None:
+        """What to tell a user who puts this stage before `.cache()` (None: nothing)."""
+        return None
