@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from shardcached.nextuse import Key, NextUseIndex
 from shardcached.plans import Chain, Plan, Positions, first_at_or_after, index_plan, unindex_plan
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
 
@@ -76,6 +77,10 @@ class Planner:
         self._chains: dict[tuple[str, int], Chain] = {}
         self._positions: Positions = {}  # url -> plan id -> position(s): see plans.py
         self._recency = Recency()
+        # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
+        self._index = NextUseIndex(
+            self._recency.rank, self._uses_by_chain, self._use_in, by_recency_only=policy == "lru"
+        )
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
 
@@ -102,7 +107,7 @@ class Planner:
         self._plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
-        index_plan(self._positions, plan)
+        index_plan(self._positions, plan, self._replanner(chain))
         logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
         return plan.id
 
@@ -111,8 +116,8 @@ class Planner:
         plan = self._plans.pop(plan_id, None)
         if plan is None:
             return False
-        unindex_plan(self._positions, plan)
         chain = plan.chain
+        unindex_plan(self._positions, plan, self._replanner(chain))
         chain.plans.remove(plan)
         if not chain.plans:
             self._chains.pop((chain.job, chain.slot), None)
@@ -158,6 +163,7 @@ class Planner:
         earlier epochs of the same (job, slot) count as finished, and the slot's pace is updated.
         """
         self._recency.touch(url)
+        self._index.touched(url)
         if plan_id is None:
             return
         plan = self._plans.get(plan_id)
@@ -173,14 +179,25 @@ class Planner:
         position = first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
         if position is not None:
             plan.cursor = position + 1
+        self._index.passed(chain, plan.epoch, plan.cursor)
 
     def touch(self, url: str) -> None:
         """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
         self._recency.touch(url)
+        self._index.touched(url)
 
     def forget(self, url: str) -> None:
         """The shard left the cache: drop its recency."""
         self._recency.forget(url)
+        self._index.touched(url)
+
+    def resident(self, url: str) -> None:
+        """`url` became resident (the store calls this; last in its order, which breaks ties)."""
+        self._index.add(url)
+
+    def gone(self, url: str) -> None:
+        """`url` left the cache (the store calls this)."""
+        self._index.remove(url)
 
     def next_use(self, url: str) -> float | None:
         """Distance to the nearest planned use of `url` ahead of any cursor, in opens at the median pace.
@@ -231,6 +248,47 @@ class Planner:
         return farthest_next_use(
             pool, lambda url: self._next_time(url, now, ref, lines), self._recency, incoming_time
         )
+
+    def choose_resident_victim(
+        self, usable: Callable[[str], bool], incoming: str | None = None
+    ) -> str | None:
+        """`choose_victim` over the resident shards that `usable` accepts (in the store's order), without
+        a list of them: the same choice in O(C + log R) for C readers and R resident shards (nextuse.py).
+
+        `usable(url)` says whether a resident shard may go now (no lease holds it, no open awaits it); it
+        is asked only of the shards the walk meets. None also when no resident shard is usable.
+        """
+        index = self._index
+        if self.policy == "lru":
+            return index.least_recent_idle(usable)
+        now = self._clock()
+        self._maybe_expire(now)
+        ref = self._reference_interval()
+        lines: dict[str, tuple[float, float]] = {}
+        incoming_time = None
+        if incoming is not None:
+            if self._opens_ahead(incoming) > self.displace_ahead:
+                return None  # as in choose_victim
+            incoming_time = self._next_time(incoming, now, ref, lines)
+        idle = index.least_recent_idle(usable)
+        if idle is not None:
+            return idle
+
+        def entry_time(chain: Chain, epoch: int, position: int) -> float:
+            plan = next(p for p in chain.plans if p.epoch == epoch)
+            line = lines.get(plan.id)
+            if line is None:
+                line = lines[plan.id] = plan.time_line(now, ref)
+            return line[0] + position * line[1]  # the same arithmetic as _next_time: ties stay ties
+
+        found = index.farthest(usable, entry_time, lambda url: self._next_time(url, now, ref, lines))
+        if found is None or (incoming_time is not None and found[1] <= incoming_time):
+            return None
+        return found[0]
+
+    def has_resident(self, usable: Callable[[str], bool]) -> bool:
+        """Whether any resident shard is accepted by `usable` (the store's shards told by `resident`)."""
+        return self._index.any_usable(usable)
 
     def prefetch_candidates(self, skip: Callable[[str], bool], limit: int) -> list[str]:
         """Up to `limit` urls to fetch ahead, nearest next use first.
@@ -299,6 +357,36 @@ class Planner:
             known = [c.interval for c in self._chains.values() if c.interval is not None]
             self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
         return self._ref_interval
+
+    def _replanner(self, chain: Chain) -> Callable[[str], None]:
+        """The per-url hook of (un)indexing a plan of `chain`: refile the url if it is resident."""
+        replan = self._index.replan
+        return lambda url: replan(url, chain)
+
+    def _uses_by_chain(self, url: str) -> dict[Chain, Key]:
+        """`url`'s first use ahead of the cursor in each chain that has one, as (epoch, position)."""
+        uses: dict[Chain, Key] = {}
+        for plan_id, where in self._positions.get(url, {}).items():
+            plan = self._plans.get(plan_id)
+            position = None if plan is None else first_at_or_after(where, plan.cursor)
+            if plan is not None and position is not None:
+                key = (plan.epoch, position)
+                known = uses.get(plan.chain)
+                if known is None or key < known:
+                    uses[plan.chain] = key
+        return uses
+
+    def _use_in(self, url: str, chain: Chain) -> Key | None:
+        """`url`'s first use ahead of the cursor in `chain`, as (epoch, position); None when none."""
+        best: Key | None = None
+        for plan_id, where in self._positions.get(url, {}).items():
+            plan = self._plans.get(plan_id)
+            if plan is None or plan.chain is not chain:
+                continue
+            position = first_at_or_after(where, plan.cursor)
+            if position is not None and (best is None or (plan.epoch, position) < best):
+                best = (plan.epoch, position)
+        return best
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
