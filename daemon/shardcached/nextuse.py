@@ -34,9 +34,36 @@ from collections.abc import Callable, Iterator
 
 from sortedcontainers import SortedList
 
-from shardcached.plans import Chain
+from shardcached.plans import Chain, Plan, Positions, first_at_or_after
 
 Key = tuple[int, int]  # (epoch, position) of a use within one chain
+
+
+def uses_by_chain(positions: Positions, plans: dict[str, Plan], url: str) -> dict[Chain, Key]:
+    """`url`'s first use ahead of the cursor in each chain that has one, as (epoch, position)."""
+    uses: dict[Chain, Key] = {}
+    for plan_id, where in positions.get(url, {}).items():
+        plan = plans.get(plan_id)
+        position = None if plan is None else first_at_or_after(where, plan.cursor)
+        if plan is not None and position is not None:
+            key = (plan.epoch, position)
+            known = uses.get(plan.chain)
+            if known is None or key < known:
+                uses[plan.chain] = key
+    return uses
+
+
+def use_in(positions: Positions, plans: dict[str, Plan], url: str, chain: Chain) -> Key | None:
+    """`url`'s first use ahead of the cursor in `chain`, as (epoch, position); None when none."""
+    best: Key | None = None
+    for plan_id, where in positions.get(url, {}).items():
+        plan = plans.get(plan_id)
+        if plan is None or plan.chain is not chain:
+            continue
+        position = first_at_or_after(where, plan.cursor)
+        if position is not None and (best is None or (plan.epoch, position) < best):
+            best = (plan.epoch, position)
+    return best
 
 
 class NextUseIndex:

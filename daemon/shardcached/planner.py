@@ -8,8 +8,15 @@ until it has one), so a planned position becomes an estimated time, and slots at
     time(position) = last open of the chain + opens ahead * chain interval
 
 Pure logic for the daemon's event loop: no I/O, no asyncio, an injected clock. ``record_open`` is O(log n)
-(one bisect); ``next_use`` looks only at the plans holding the url (index url -> plan -> positions).
-The chains, plans and that index are plain data in plans.py; this module decides with them.
+(one bisect, and refiling the resident shards the cursor passed); ``next_use`` looks only at the plans holding
+the url (index url -> plan -> positions). The chains, plans and that index are plain data in plans.py; this
+module decides with them.
+
+Eviction: the store tells the planner which shards are resident (``resident``, ``gone``), and the planner
+keeps them ordered by next use per (job, slot) and, for those in no plan, by recency (nextuse.py), updated
+where a url is indexed or unindexed in a plan, where a cursor moves, and where a url is touched. So
+``choose_resident_victim`` decides in O(C + log R) (C readers, R resident shards) what ``choose_victim``, the
+linear reference kept for lists of candidates, decides in O(R x plans per url), with the same result.
 
 Example:
     >>> t = [0.0]
@@ -29,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from shardcached.nextuse import Key, NextUseIndex
+from shardcached.nextuse import NextUseIndex, use_in, uses_by_chain
 from shardcached.plans import Chain, Plan, Positions, first_at_or_after, index_plan, unindex_plan
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
 
@@ -79,7 +86,10 @@ class Planner:
         self._recency = Recency()
         # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
         self._index = NextUseIndex(
-            self._recency.rank, self._uses_by_chain, self._use_in, by_recency_only=policy == "lru"
+            self._recency.rank,
+            lambda url: uses_by_chain(self._positions, self._plans, url),
+            lambda url, chain: use_in(self._positions, self._plans, url, chain),
+            by_recency_only=policy == "lru",
         )
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
@@ -223,7 +233,10 @@ class Planner:
         return self._next_time(url, now, self._reference_interval(), {})
 
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
-        """Which resident, evictable shard to evict to make room for `incoming`.
+        """Which of `candidates` (resident, evictable shards) to evict to make room for `incoming`.
+
+        Linear in the candidates (the reference the ordered `choose_resident_victim` must agree with, and the
+        entry point for callers that hold their own list, such as the cluster simulation).
 
         lru: the least recently opened. belady: shards in no plan first (least recent first), then the
         farthest next use. For a prefetch (`incoming` given) returns None when every candidate is needed
@@ -362,31 +375,6 @@ class Planner:
         """The per-url hook of (un)indexing a plan of `chain`: refile the url if it is resident."""
         replan = self._index.replan
         return lambda url: replan(url, chain)
-
-    def _uses_by_chain(self, url: str) -> dict[Chain, Key]:
-        """`url`'s first use ahead of the cursor in each chain that has one, as (epoch, position)."""
-        uses: dict[Chain, Key] = {}
-        for plan_id, where in self._positions.get(url, {}).items():
-            plan = self._plans.get(plan_id)
-            position = None if plan is None else first_at_or_after(where, plan.cursor)
-            if plan is not None and position is not None:
-                key = (plan.epoch, position)
-                known = uses.get(plan.chain)
-                if known is None or key < known:
-                    uses[plan.chain] = key
-        return uses
-
-    def _use_in(self, url: str, chain: Chain) -> Key | None:
-        """`url`'s first use ahead of the cursor in `chain`, as (epoch, position); None when none."""
-        best: Key | None = None
-        for plan_id, where in self._positions.get(url, {}).items():
-            plan = self._plans.get(plan_id)
-            if plan is None or plan.chain is not chain:
-                continue
-            position = first_at_or_after(where, plan.cursor)
-            if position is not None and (best is None or (plan.epoch, position) < best):
-                best = (plan.epoch, position)
-        return best
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
