@@ -111,6 +111,7 @@ def measure(resident: int, plans: int, progress: float, decisions: int, old_repe
         old_times.append(time.perf_counter() - started)
         new = planner.choose_resident_victim(usable)
         assert old == new, f"the index chose {new}, the scan {old}"
+    del planner, step  # one planner in memory at a time (10^6 shards)
     base, _, base_step = build(resident, plans, progress, seed, with_residents=False)
     base_times = []
     for i in range(decisions):
