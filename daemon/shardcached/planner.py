@@ -8,8 +8,15 @@ until it has one), so a planned position becomes an estimated time, and slots at
     time(position) = last open of the chain + opens ahead * chain interval
 
 Pure logic for the daemon's event loop: no I/O, no asyncio, an injected clock. ``record_open`` is O(log n)
-(one bisect); ``next_use`` looks only at the plans holding the url (index url -> plan -> positions).
-The chains, plans and that index are plain data in plans.py; this module decides with them.
+(one bisect, and refiling the resident shards the cursor passed); ``next_use`` looks only at the plans holding
+the url (index url -> plan -> positions). The chains, plans and that index are plain data in plans.py; this
+module decides with them.
+
+Eviction: the store tells the planner which shards are resident (``resident``, ``gone``), and the planner
+keeps them ordered by next use per (job, slot) and, for those in no plan, by recency (nextuse.py), updated
+where a url is indexed or unindexed in a plan, where a cursor moves, and where a url is touched. So
+``choose_resident_victim`` decides in O(C + log R) (C readers, R resident shards) what ``choose_victim``, the
+linear reference kept for lists of candidates, decides in O(R x plans per url), with the same result.
 
 Example:
     >>> t = [0.0]
@@ -29,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from shardcached.nextuse import NextUseIndex, use_in, uses_by_chain
 from shardcached.plans import Chain, Plan, Positions, first_at_or_after, index_plan, unindex_plan
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
 
@@ -76,6 +84,13 @@ class Planner:
         self._chains: dict[tuple[str, int], Chain] = {}
         self._positions: Positions = {}  # url -> plan id -> position(s): see plans.py
         self._recency = Recency()
+        # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
+        self._index = NextUseIndex(
+            self._recency.rank,
+            lambda url: uses_by_chain(self._positions, self._plans, url),
+            lambda url, chain: use_in(self._positions, self._plans, url, chain),
+            by_recency_only=policy == "lru",
+        )
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
 
@@ -102,7 +117,7 @@ class Planner:
         self._plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
-        index_plan(self._positions, plan)
+        index_plan(self._positions, plan, self._replanner(chain))
         logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
         return plan.id
 
@@ -111,8 +126,8 @@ class Planner:
         plan = self._plans.pop(plan_id, None)
         if plan is None:
             return False
-        unindex_plan(self._positions, plan)
         chain = plan.chain
+        unindex_plan(self._positions, plan, self._replanner(chain))
         chain.plans.remove(plan)
         if not chain.plans:
             self._chains.pop((chain.job, chain.slot), None)
@@ -158,6 +173,7 @@ class Planner:
         earlier epochs of the same (job, slot) count as finished, and the slot's pace is updated.
         """
         self._recency.touch(url)
+        self._index.touched(url)
         if plan_id is None:
             return
         plan = self._plans.get(plan_id)
@@ -173,14 +189,25 @@ class Planner:
         position = first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
         if position is not None:
             plan.cursor = position + 1
+        self._index.passed(chain, plan.epoch, plan.cursor)
 
     def touch(self, url: str) -> None:
         """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
         self._recency.touch(url)
+        self._index.touched(url)
 
     def forget(self, url: str) -> None:
         """The shard left the cache: drop its recency."""
         self._recency.forget(url)
+        self._index.touched(url)
+
+    def resident(self, url: str) -> None:
+        """`url` became resident (the store calls this; last in its order, which breaks ties)."""
+        self._index.add(url)
+
+    def gone(self, url: str) -> None:
+        """`url` left the cache (the store calls this)."""
+        self._index.remove(url)
 
     def next_use(self, url: str) -> float | None:
         """Distance to the nearest planned use of `url` ahead of any cursor, in opens at the median pace.
@@ -206,7 +233,10 @@ class Planner:
         return self._next_time(url, now, self._reference_interval(), {})
 
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
-        """Which resident, evictable shard to evict to make room for `incoming`.
+        """Which of `candidates` (resident, evictable shards) to evict to make room for `incoming`.
+
+        Linear in the candidates (the reference the ordered `choose_resident_victim` must agree with, and the
+        entry point for callers that hold their own list, such as the cluster simulation).
 
         lru: the least recently opened. belady: shards in no plan first (least recent first), then the
         farthest next use. For a prefetch (`incoming` given) returns None when every candidate is needed
@@ -231,6 +261,47 @@ class Planner:
         return farthest_next_use(
             pool, lambda url: self._next_time(url, now, ref, lines), self._recency, incoming_time
         )
+
+    def choose_resident_victim(
+        self, usable: Callable[[str], bool], incoming: str | None = None
+    ) -> str | None:
+        """`choose_victim` over the resident shards that `usable` accepts (in the store's order), without
+        a list of them: the same choice in O(C + log R) for C readers and R resident shards (nextuse.py).
+
+        `usable(url)` says whether a resident shard may go now (no lease holds it, no open awaits it); it
+        is asked only of the shards the walk meets. None also when no resident shard is usable.
+        """
+        index = self._index
+        if self.policy == "lru":
+            return index.least_recent_idle(usable)
+        now = self._clock()
+        self._maybe_expire(now)
+        ref = self._reference_interval()
+        lines: dict[str, tuple[float, float]] = {}
+        incoming_time = None
+        if incoming is not None:
+            if self._opens_ahead(incoming) > self.displace_ahead:
+                return None  # as in choose_victim
+            incoming_time = self._next_time(incoming, now, ref, lines)
+        idle = index.least_recent_idle(usable)
+        if idle is not None:
+            return idle
+
+        def entry_time(chain: Chain, epoch: int, position: int) -> float:
+            plan = next(p for p in chain.plans if p.epoch == epoch)
+            line = lines.get(plan.id)
+            if line is None:
+                line = lines[plan.id] = plan.time_line(now, ref)
+            return line[0] + position * line[1]  # the same arithmetic as _next_time: ties stay ties
+
+        found = index.farthest(usable, entry_time, lambda url: self._next_time(url, now, ref, lines))
+        if found is None or (incoming_time is not None and found[1] <= incoming_time):
+            return None
+        return found[0]
+
+    def has_resident(self, usable: Callable[[str], bool]) -> bool:
+        """Whether any resident shard is accepted by `usable` (the store's shards told by `resident`)."""
+        return self._index.any_usable(usable)
 
     def prefetch_candidates(self, skip: Callable[[str], bool], limit: int) -> list[str]:
         """Up to `limit` urls to fetch ahead, nearest next use first.
@@ -299,6 +370,11 @@ class Planner:
             known = [c.interval for c in self._chains.values() if c.interval is not None]
             self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
         return self._ref_interval
+
+    def _replanner(self, chain: Chain) -> Callable[[str], None]:
+        """The per-url hook of (un)indexing a plan of `chain`: refile the url if it is resident."""
+        replan = self._index.replan
+        return lambda url: replan(url, chain)
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""

@@ -10,6 +10,7 @@ arithmetic: the planner (planner.py) decides what to do with them.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
@@ -78,31 +79,35 @@ class Plan:
         return base + self.opens_before() * interval, interval
 
 
-def index_plan(positions: Positions, plan: Plan) -> None:
-    """Add `plan`'s urls to the position index."""
+def index_plan(positions: Positions, plan: Plan, indexed: Callable[[str], None] | None = None) -> None:
+    """Add `plan`'s urls to the position index; `indexed(url)` after each url's position is in."""
     pid = plan.id
     for position, url in enumerate(plan.urls):
         per_plan = positions.get(url)
         if per_plan is None:
             positions[url] = {pid: position}
-            continue
-        where = per_plan.get(pid)
-        if where is None:
-            per_plan[pid] = position
-        elif isinstance(where, int):
-            per_plan[pid] = [where, position]
         else:
-            where.append(position)
+            where = per_plan.get(pid)
+            if where is None:
+                per_plan[pid] = position
+            elif isinstance(where, int):
+                per_plan[pid] = [where, position]
+            else:
+                where.append(position)
+        if indexed is not None:
+            indexed(url)
 
 
-def unindex_plan(positions: Positions, plan: Plan) -> None:
-    """Remove `plan`'s urls from the position index."""
+def unindex_plan(positions: Positions, plan: Plan, unindexed: Callable[[str], None] | None = None) -> None:
+    """Remove `plan`'s urls from the position index; `unindexed(url)` after each url's positions are out."""
     for url in set(plan.urls):
         per_plan = positions.get(url)
         if per_plan is not None:
             per_plan.pop(plan.id, None)
             if not per_plan:
                 del positions[url]
+        if unindexed is not None:
+            unindexed(url)
 
 
 def first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 
 class Recency:
@@ -64,24 +64,23 @@ def farthest_next_use(
     return farthest
 
 
-class VictimChooser(Protocol):
-    """What `prefetch_victim` asks of the planner."""
-
-    def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None: ...
-
-    def next_use_at(self, url: str) -> float | None: ...
-
-
-def prefetch_victim(planner: VictimChooser, candidates: list[str], url: str, *, warm: bool) -> str | None:
+def prefetch_victim(
+    choose: Callable[[str | None], str | None],
+    next_use_at: Callable[[str], float | None],
+    url: str,
+    *,
+    warm: bool,
+) -> str | None:
     """What a prefetch (or warm) of `url` may evict: a shard needed later than `url`, or None to wait.
 
+    `choose(incoming)` is the planner's victim for `incoming` (None: a demand open) among the candidates.
     Warming may also take a shard that no plan needs (least recent first), never a planned one: it used to
     evict as a demand open does, so warming unplanned URLs pushed out shards the trainers were about to read.
     """
-    victim = planner.choose_victim(candidates, url)
+    victim = choose(url)
     if victim is None and warm:
-        fallback = planner.choose_victim(candidates, None)
-        if fallback is not None and planner.next_use_at(fallback) is None:
+        fallback = choose(None)
+        if fallback is not None and next_use_at(fallback) is None:
             return fallback
     return victim
 

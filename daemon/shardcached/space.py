@@ -61,6 +61,23 @@ class Space:
         self.evictions = 0
         self.room_waits = 0  # opens that waited for room, for `GET /v1/stats`
         self._changed = asyncio.Event()
+        store.watch(planner)  # the planner orders the resident shards for eviction (nextuse.py)
+
+    def _usable(self, url: str) -> bool:
+        """Whether a resident shard may be evicted now: no lease holds it and no open awaits it."""
+        return self.store.is_evictable(url) and url not in self._awaited
+
+    def _victim(self, url: str, *, demand: bool, warm: bool) -> str | None:
+        """The planner's victim for a fetch of `url`; None when a prefetch must wait or nothing is usable."""
+        planner, usable = self.planner, self._usable
+        if demand:
+            return planner.choose_resident_victim(usable)
+        return prefetch_victim(
+            lambda incoming: planner.choose_resident_victim(usable, incoming),
+            planner.next_use_at,
+            url,
+            warm=warm,
+        )
 
     @contextlib.contextmanager
     def awaiting(self, url: str) -> Iterator[None]:
@@ -109,17 +126,12 @@ class Space:
         pinned_deadline = started + min(self.evict_wait_s, PINNED_WAIT_S)
         waited = False
         while not store.fits(size) or self.disk_short(size):
-            candidates = store.evictable()
-            if self._awaited:
-                candidates = [c for c in candidates if c not in self._awaited]
-            if candidates:
-                victim = (
-                    self.planner.choose_victim(candidates, None)
-                    if demand
-                    else prefetch_victim(self.planner, candidates, url, warm=warm)
-                )
-                if victim is None:
-                    raise NoRoom(url)
+            # The planner walks its ordered resident shards, asking `_usable` of those it meets: no list of
+            # every resident shard per decision (O(log R), not O(R) per eviction).
+            victim = self._victim(url, demand=demand, warm=warm)
+            if victim is None and not demand and self.planner.has_resident(self._usable):
+                raise NoRoom(url)  # a prefetch must wait: everything usable is needed sooner
+            if victim is not None:
                 reason = "prefetch" if not demand else "capacity" if not store.fits(size) else "disk_full"
                 self.evict(victim, reason)
                 continue
@@ -227,11 +239,9 @@ class Space:
         with a smaller capacity, or a disk that filled meanwhile); returns how many shards went."""
         evicted = 0
         while (over := self.store.used > self.store.capacity) or self.disk_short(0):
-            candidates = self.store.evictable()
-            if not candidates:
+            victim = self.planner.choose_resident_victim(self._usable)
+            if victim is None:
                 break
-            self.evict(
-                self.planner.choose_victim(candidates) or candidates[0], "capacity" if over else "disk_full"
-            )
+            self.evict(victim, "capacity" if over else "disk_full")
             evicted += 1
         return evicted

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from shardcached.errors import NotFound
 from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
@@ -41,6 +42,14 @@ class Lease:
     expires: float
     job: str = UNKNOWN_PEER_JOB  # whose bytes it pins (pins.py)
     pid: int | None = None  # the process holding it, when the socket could tell (peers.py)
+
+
+class Residency(Protocol):
+    """Who keeps its own order of the resident shards (the planner, for eviction): told of every change."""
+
+    def resident(self, url: str) -> None: ...
+
+    def gone(self, url: str) -> None: ...
 
 
 class Store:
@@ -66,6 +75,14 @@ class Store:
         self.reserved_bytes = 0
         self._partials: dict[str, tuple[int, float]] = {}  # key -> (bytes, mtime) of `.part-<key>`
         self.partial_bytes = 0
+        self._watcher: Residency | None = None
+
+    def watch(self, watcher: Residency) -> None:
+        """Tell `watcher` of every shard that becomes resident or leaves, starting with those resident now
+        (in the store's order, which eviction uses to break ties)."""
+        self._watcher = watcher
+        for url in self._by_url:
+            watcher.resident(url)
 
     @property
     def by_url(self) -> Mapping[str, Entry]:
@@ -210,6 +227,8 @@ class Store:
     def _insert(self, entry: Entry) -> None:
         self._by_url[entry.url] = entry
         self.resident_bytes += entry.size
+        if self._watcher is not None:
+            self._watcher.resident(entry.url)
 
     def revive(self, key: str, checksum: str | None = None) -> Entry | None:
         """Put back a shard that was evicted but whose file lives on for its leases.
@@ -257,6 +276,9 @@ class Store:
         reservations of downloads in flight are their owners' to settle.
         """
         urls = list(self._by_url)
+        if self._watcher is not None:
+            for url in urls:
+                self._watcher.gone(url)
         for entry in [*self._by_url.values(), *self._doomed.values()]:
             entry.doomed = False
         self._by_url.clear()
@@ -267,8 +289,13 @@ class Store:
 
     # -- eviction ---------------------------------------------------------------------------------------
     def evictable(self) -> list[str]:
-        """URLs of resident shards no lease holds."""
+        """URLs of resident shards no lease holds (linear: eviction asks `is_evictable` per shard instead)."""
         return [url for url, entry in self._by_url.items() if entry.leases == 0]
+
+    def is_evictable(self, url: str) -> bool:
+        """Whether `url` is resident and no lease holds it."""
+        entry = self._by_url.get(url)
+        return entry is not None and entry.leases == 0
 
     def remove(self, url: str, *, broken: bool = False) -> Entry:
         """Drop a shard from the index; its files go now, or when its last lease ends.
@@ -283,6 +310,8 @@ class Store:
         if entry is None:
             raise NotFound(f"{url} is not in the cache", code="not_resident")
         self.resident_bytes -= entry.size
+        if self._watcher is not None:
+            self._watcher.gone(url)
         if entry.leases > 0 and not broken:
             entry.doomed = True
             self._doomed[entry.key] = entry

@@ -1,0 +1,241 @@
+"""The resident shards' next uses, kept ordered so that one eviction decision costs O(C + log R), not O(R).
+
+R is the number of resident shards, C the number of (job, slot) chains. A url's estimated next-use time is
+``min over chains c of t_c(url)``, and each chain's time line moves on every open of that chain (its base
+and pace change), so no single global order by time stays valid. Two orders do:
+
+* Within one chain, the order of uses is fixed: plan by plan (epochs ascending), then by position (every
+  position of an earlier plan comes before every position of a later one, since the chain reads them in
+  that order). So each chain keeps its resident urls sorted by ``(epoch, position)`` of their first use at or
+  after the cursor; a cursor move pops the passed ones from the front and files them under their next use.
+* Shards that no plan holds ahead of a cursor ("idle") rank by recency alone, which changes only when the url
+  is touched: they are kept sorted by ``(recency rank, store order)``.
+
+The farthest-next-use victim is then the max over urls of a min over chains, found by a threshold walk
+(Fagin's TA): walk every chain's order from its far end, always the chain whose next entry is latest,
+evaluate each url met exactly, and stop once the best exact time is later than every chain's next entry (no
+url not yet met can be later). Ties go to the earliest in store order, as the old linear scan did.
+
+The walk meets entries of urls that another chain needs sooner before it reaches the victim. In a steady
+state (some resident shards already read this epoch) that is a handful; its worst case is a cache whose every
+shard is still ahead in the current epoch *and* planned again in the next, right at an epoch start, where it
+meets up to every next-epoch entry (see docs/benchmarks.md, "Eviction decisions at scale").
+
+Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
+unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
+loop thread only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+
+from sortedcontainers import SortedList
+
+from shardcached.plans import Chain, Plan, Positions, first_at_or_after
+
+Key = tuple[int, int]  # (epoch, position) of a use within one chain
+
+
+def uses_by_chain(positions: Positions, plans: dict[str, Plan], url: str) -> dict[Chain, Key]:
+    """`url`'s first use ahead of the cursor in each chain that has one, as (epoch, position)."""
+    uses: dict[Chain, Key] = {}
+    for plan_id, where in positions.get(url, {}).items():
+        plan = plans.get(plan_id)
+        position = None if plan is None else first_at_or_after(where, plan.cursor)
+        if plan is not None and position is not None:
+            key = (plan.epoch, position)
+            known = uses.get(plan.chain)
+            if known is None or key < known:
+                uses[plan.chain] = key
+    return uses
+
+
+def use_in(positions: Positions, plans: dict[str, Plan], url: str, chain: Chain) -> Key | None:
+    """`url`'s first use ahead of the cursor in `chain`, as (epoch, position); None when none."""
+    best: Key | None = None
+    for plan_id, where in positions.get(url, {}).items():
+        plan = plans.get(plan_id)
+        if plan is None or plan.chain is not chain:
+            continue
+        position = first_at_or_after(where, plan.cursor)
+        if position is not None and (best is None or (plan.epoch, position) < best):
+            best = (plan.epoch, position)
+    return best
+
+
+class NextUseIndex:
+    """Resident urls: per chain by next use, and the idle ones by recency.
+
+    Args:
+        rank: the recency rank of a url (larger is more recent; 0 never used).
+        uses: a url's first use ahead of the cursor in every chain that has one.
+        use_in: a url's first use ahead of the cursor in one chain, or None.
+        by_recency_only: keep every resident url in the recency order (the lru policy): plans are ignored.
+    """
+
+    def __init__(
+        self,
+        rank: Callable[[str], int],
+        uses: Callable[[str], dict[Chain, Key]],
+        use_in: Callable[[str, Chain], Key | None],
+        *,
+        by_recency_only: bool = False,
+    ) -> None:
+        self._rank = rank
+        self._uses = uses
+        self._use_in = use_in
+        self._by_recency_only = by_recency_only
+        self._order = itertools.count()
+        self._seq: dict[str, int] = {}  # resident url -> its place in the store's order (ties go first)
+        self._keys: dict[str, dict[Chain, Key]] = {}  # planned resident url -> chain -> its next use there
+        self._chains: dict[Chain, SortedList] = {}  # chain -> SortedList of (epoch, position, url)
+        self._idle: SortedList = SortedList()  # (rank, seq, url) of resident urls in no plan ahead
+        self._idle_rank: dict[str, int] = {}  # idle url -> the rank it is filed under
+
+    def __contains__(self, url: str) -> bool:
+        return url in self._seq
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def seq(self, url: str) -> int:
+        """The url's place in the store's order (smaller is older)."""
+        return self._seq[url]
+
+    # -- residency --------------------------------------------------------------------------------------
+    def add(self, url: str) -> None:
+        """`url` became resident (last in the store's order)."""
+        if url in self._seq:
+            self.remove(url)
+        self._seq[url] = next(self._order)
+        uses = {} if self._by_recency_only else self._uses(url)
+        if uses:
+            self._keys[url] = uses
+            for chain, (epoch, position) in uses.items():
+                self._chain(chain).add((epoch, position, url))
+        else:
+            self._file_idle(url)
+
+    def remove(self, url: str) -> None:
+        """`url` left the cache."""
+        if url not in self._seq:
+            return
+        self._unfile_idle(url)
+        for chain, (epoch, position) in self._keys.pop(url, {}).items():
+            self._drop_entry(chain, (epoch, position, url))
+        del self._seq[url]
+
+    # -- changes of next use ----------------------------------------------------------------------------
+    def touched(self, url: str) -> None:
+        """`url`'s recency changed: refile it if it is idle (or always, under recency only)."""
+        if url in self._idle_rank:
+            self._unfile_idle(url)
+            self._file_idle(url)
+
+    def replan(self, url: str, chain: Chain) -> None:
+        """`url`'s uses in `chain` may have changed (indexed, unindexed, or passed by the cursor)."""
+        if url not in self._seq or self._by_recency_only:
+            return
+        key = self._use_in(url, chain)
+        keys = self._keys.get(url)
+        old = None if keys is None else keys.get(chain)
+        if old == key:
+            return
+        if old is not None and keys is not None:
+            self._drop_entry(chain, (*old, url))
+            del keys[chain]
+        if key is not None:
+            self._chain(chain).add((*key, url))
+            if keys is None:
+                self._unfile_idle(url)
+                keys = self._keys[url] = {}
+            keys[chain] = key
+        elif keys is not None and not keys:
+            del self._keys[url]
+            self._file_idle(url)
+
+    def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
+        """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
+        url whose use there lies before it moves on to its next use."""
+        order = self._chains.get(chain)
+        if order is None:
+            return
+        # (epoch, cursor) sorts before every (epoch, cursor, url): the entries below it are the passed ones.
+        for _, _, url in list(order.irange(maximum=(epoch, cursor), inclusive=(True, False))):
+            self.replan(url, chain)
+
+    # -- decisions --------------------------------------------------------------------------------------
+    def least_recent_idle(self, usable: Callable[[str], bool]) -> str | None:
+        """The least recent idle url that `usable` accepts (first in store order on ties), or None."""
+        idle: Iterator[tuple[int, int, str]] = iter(self._idle)
+        return next((url for _, _, url in idle if usable(url)), None)
+
+    def any_usable(self, usable: Callable[[str], bool]) -> bool:
+        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses)."""
+        return any(usable(url) for url in self._seq)
+
+    def farthest(
+        self,
+        usable: Callable[[str], bool],
+        entry_time: Callable[[Chain, int, int], float],
+        next_time: Callable[[str], float | None],
+    ) -> tuple[str, float] | None:
+        """The planned url that `usable` accepts with the latest `next_time`, first in store order on ties.
+
+        `entry_time(chain, epoch, position)` is that chain's estimate for one of its uses; it must not
+        decrease along the chain's order (it is the chain's time line). `next_time(url)` is the exact
+        estimate (the min over every plan holding the url), which decides.
+        """
+        heads: list[tuple[float, int, str, Chain, Iterator[tuple[int, int, str]]]] = []
+        for tiebreak, (chain, order) in enumerate(self._chains.items()):
+            walk = reversed(order)
+            epoch, position, url = next(walk)
+            heads.append((-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
+        heapq.heapify(heads)
+        best: str | None = None
+        best_time = -float("inf")
+        best_seq = 0
+        seen: set[str] = set()
+        while heads:
+            negative, tiebreak, url, chain, walk = heads[0]
+            if -negative < best_time:
+                break  # every url not met yet is needed sooner than the best one met
+            if url not in seen and usable(url):
+                seen.add(url)
+                when = next_time(url)
+                seq = self._seq[url]
+                if when is not None and (when > best_time or (when == best_time and seq < best_seq)):
+                    best, best_time, best_seq = url, when, seq
+            following = next(walk, None)
+            if following is None:
+                heapq.heappop(heads)
+            else:
+                epoch, position, url = following
+                heapq.heapreplace(heads, (-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
+        return None if best is None else (best, best_time)
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _chain(self, chain: Chain) -> SortedList:
+        order = self._chains.get(chain)
+        if order is None:
+            order = self._chains[chain] = SortedList()
+        return order
+
+    def _drop_entry(self, chain: Chain, entry: tuple[int, int, str]) -> None:
+        order = self._chains[chain]
+        order.remove(entry)
+        if not order:
+            del self._chains[chain]
+
+    def _file_idle(self, url: str) -> None:
+        rank = self._rank(url)
+        self._idle_rank[url] = rank
+        self._idle.add((rank, self._seq[url], url))
+
+    def _unfile_idle(self, url: str) -> None:
+        rank = self._idle_rank.pop(url, None)
+        if rank is not None:
+            self._idle.remove((rank, self._seq[url], url))
