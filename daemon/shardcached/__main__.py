@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan-stale-s", type=float, metavar="S", help="drop plans with no opens for this long (default 600)"
     )
     add(
+        "--max-plan-urls",
+        type=int,
+        metavar="N",
+        help="the most urls one plan may name; longer plans get 413 plan_too_large (default 4000000)",
+    )
+    add(
         "--evict-wait-s",
         type=float,
         metavar="S",

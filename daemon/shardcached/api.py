@@ -7,6 +7,7 @@ in the OpenAPI schema and delegate to the same functions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from shardcache_protocol import (
@@ -33,7 +35,6 @@ from shardcache_protocol import (
     PrefetchRequest,
     ReleaseRequest,
     Revalidated,
-    ShardInfo,
     ShardList,
     Stats,
     TelemetryReport,
@@ -41,7 +42,9 @@ from shardcache_protocol import (
 from shardcached import __version__
 from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
+from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
+from shardcached.planbody import read_plan
 from shardcached.service import ShardService
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
@@ -58,7 +61,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": STATUS_MEANINGS[code]} for code in statuses}
 
 
-def _json_body(model: type[OpenRequest] | type[ReleaseRequest]) -> dict[str, Any]:
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` documenting a request body that the route reads raw (the hot path parses it)."""
     return {
         "requestBody": {
@@ -114,11 +117,12 @@ def health_answer(problem: str | None) -> Response:
     return Response(body, status_code=503, media_type="application/json")
 
 
-def build_router(service: ShardService, policy: str) -> APIRouter:
-    """The v1 routes, bound to one service."""
+def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_000) -> APIRouter:
+    """The v1 routes, bound to one service; plans longer than `max_plan_urls` are refused (413)."""
     router = APIRouter(prefix="/v1")
     planner = service.planner
     store = service.store
+    listing = ShardListing(store, planner)
     telemetry = ClientTelemetry(service.metrics.registry)
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
@@ -183,17 +187,27 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
             background=BackgroundTask(service.release, lease),
         )
 
-    @router.post("/plans", responses=_errors(400, 403, 422))
-    async def add_plan(body: PlanRequest, request: Request) -> PlanResponse:
+    @router.post(
+        "/plans",
+        response_model=PlanResponse,
+        responses=_errors(400, 403, 413, 422),
+        openapi_extra=_json_body(PlanRequest),
+    )
+    async def add_plan(request: Request) -> PlanResponse:
         """Announce the ordered shards one slot of a job reads in one epoch (send the next epoch's too):
         the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last.
         The plan belongs to the registering process: once it exits, the plan goes after a few seconds
-        unless another process registers it again (the next epoch's DataLoader workers do)."""
-        urls = [service.allow.check(url) for url in body.urls]
-        plan_id = planner.add_plan(body.job, body.slot, body.epoch, urls)
-        service.owners.plan_added(plan_id, request.scope.get(PEER_SCOPE_KEY))
+        unless another process registers it again (the next epoch's DataLoader workers do).
+        A plan longer than `--max-plan-urls` is refused (413 `plan_too_large`). Answered once the plan's
+        head is indexed; the rest of a long plan is indexed in the background within a few seconds.
+        """
+        # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
+        chunks = [chunk async for chunk in request.stream()]
+        body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
+        plan = service.indexer.register(body)
+        service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY))
         service.plans_changed()
-        return PlanResponse(plan=plan_id)
+        return PlanResponse(plan=plan.id)
 
     @router.get("/plans")
     async def list_plans() -> list[dict[str, object]]:
@@ -203,8 +217,9 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
     @router.delete("/plans/{plan_id}", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(404, 422))
     async def delete_plan(plan_id: str) -> Response:
         """Forget a plan (a plan with no opens for `--plan-stale-s` is dropped anyway)."""
-        if not planner.delete_plan(plan_id):
+        if not planner.drop_plan(plan_id):
             raise NotFound(f"plan {plan_id} is unknown (deleted, or dropped as stale)", code="unknown_plan")
+        service.indexer.wake()  # its index entries go in the background
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
     @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED, responses=_errors(400, 403, 422))
@@ -212,22 +227,16 @@ def build_router(service: ShardService, policy: str) -> APIRouter:
         """Warm shards in the background; warming never evicts shards a plan needs."""
         return PrefetchAccepted(urls=service.warm(body.urls))
 
-    @router.get("/shards")
-    async def list_shards() -> ShardList:
-        """Resident shards with their last and next use."""
-        return ShardList(
-            shards=[
-                ShardInfo(
-                    url=url,
-                    size=entry.size,
-                    last_use=entry.last_use,
-                    next_use=planner.next_use(url),
-                    pinned=entry.leases > 0,
-                    leases=entry.leases,
-                )
-                for url, entry in store.by_url.items()
-            ]
-        )
+    @router.get("/shards", responses=_errors(422))
+    async def list_shards(
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="shards per page")] = DEFAULT_PAGE,
+        after: Annotated[
+            str | None, Query(max_length=MAX_URL_LENGTH, description="`next_after` of the previous page")
+        ] = None,
+    ) -> ShardList:
+        """Resident shards with their last and next use, one page ordered by url: follow `next_after`
+        (pass it as `after`) until it is null. A shard resident for the whole walk appears exactly once."""
+        return await listing.page(after, limit)
 
     @router.delete("/shards", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(400, 403, 404, 422))
     async def evict(url: UrlQuery) -> Response:

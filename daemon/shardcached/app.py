@@ -103,7 +103,7 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.service = service
-    app.include_router(build_router(service, settings.policy))
+    app.include_router(build_router(service, settings.policy, settings.max_plan_urls))
 
     # One handler maps every domain error to its status; the others give framework errors the same shape.
     @app.exception_handler(DaemonError)

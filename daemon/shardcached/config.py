@@ -152,6 +152,11 @@ class Settings(BaseSettings):
     plan_stale_s: float = Field(
         default=600.0, gt=0, description="a plan with no opens for this long is dropped"
     )
+    max_plan_urls: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="the most urls one plan may name; a longer plan is refused with 413 plan_too_large",
+    )
     evict_wait_s: float = Field(
         default=10.0, ge=0, description="how long an open waits for downloads in flight to give back room"
     )

@@ -4,6 +4,8 @@ DaemonError                      root; `status` and `code` are what the single e
 ├── BadRequest           400     malformed URL, unknown checksum algorithm, bad Range
 ├── NotAllowed           403     the URL is outside the allow-list (after canonicalisation)
 ├── NotFound             404     the remote object, the lease or the resident shard does not exist
+├── PlanTooLarge         413     a plan names more urls than `--max-plan-urls`
+├── Invalid              422     a body the daemon parses itself (a plan's) does not match the schema
 ├── RemoteError          502     the remote failed after retries, refused access, or sent other bytes
 │   └── IntegrityError   502     size or checksum of the downloaded bytes do not match
 ├── ShuttingDown         503     the daemon is stopping; retry against the next daemon
@@ -51,6 +53,18 @@ class NotAllowed(DaemonError):
 class NotFound(DaemonError):
     status = 404
     code = "not_found"
+
+
+class PlanTooLarge(DaemonError):
+    status = 413
+    code = "plan_too_large"
+
+
+class Invalid(DaemonError):
+    """The body does not match the schema (as FastAPI's own 422, for bodies read off the event loop)."""
+
+    status = 422
+    code = "invalid_request"
 
 
 class RemoteError(DaemonError):

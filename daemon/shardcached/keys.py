@@ -9,6 +9,10 @@ allow-list is checked on that string only, so the check and the fetch see the sa
   scheme and host are lower-cased; for http(s) the path is re-quoted and default ports dropped.
 
 Prefixes match on path-segment boundaries: `/data` allows `/data/x` but not `/data2/x`.
+
+A plan names up to millions of URLs, mostly in a few directories: `AllowList.check_many` canonicalises a
+directory once and each name in it by string concatenation (one `lstat` for a local path, to see that it is
+no symlink; no syscall for a remote URL), and decides the allow-list once per directory.
 """
 
 from __future__ import annotations
@@ -17,16 +21,20 @@ import hashlib
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from shardcached.errors import BadRequest, NotAllowed
+from shardcached.errors import BadRequest, DaemonError, NotAllowed
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _O_PATH = getattr(os, "O_PATH", 0)
 _SUFFIX = re.compile(r"(\.[A-Za-z0-9]{1,12}){1,2}$")
+# A last path segment that canonicalisation leaves as it is in any remote URL (unreserved characters only).
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~-]+")
+_REMOTE_SPECIAL = re.compile(r"[%?#\s]")
 
 
 def canonicalize(url: str) -> str:
@@ -131,6 +139,68 @@ class AllowList:
             if canonical.startswith(prefix + "/"):
                 return True
         return False
+
+    def check_many(self, urls: Iterable[str]) -> list[str]:
+        """`check` of every url, in order, with each directory canonicalised and allow-listed once.
+
+        Raises:
+            BadRequest, NotAllowed: as `check`, for the first url refused (the message names it).
+        """
+        directories: dict[str, tuple[str, bool] | None] = {}
+        exact = frozenset(self.prefixes)
+        out: list[str] = []
+        for url in urls:
+            canonical = self._by_directory(url, directories, exact)
+            out.append(self.check(url) if canonical is None else canonical)
+        return out
+
+    def _by_directory(
+        self, url: str, directories: dict[str, tuple[str, bool] | None], exact: frozenset[str]
+    ) -> str | None:
+        """The allowed canonical form of `url` from its directory's, or None: decide with `check`."""
+        head, sep, name = url.rpartition("/")
+        if not sep or name in ("", ".", "..") or _CONTROL.search(name):
+            return None
+        local = url.startswith("/")
+        if not local and (_REMOTE_SPECIAL.search(url) or not _PLAIN_NAME.fullmatch(name)):
+            return None
+        if head in directories:
+            known = directories[head]
+        else:
+            known = directories[head] = self._directory(head, local)
+        if known is None:
+            return None
+        directory, allowed = known
+        canonical = directory + name
+        if not (allowed or canonical in exact):
+            return None
+        if local:
+            try:
+                if stat.S_ISLNK(os.lstat(url).st_mode):
+                    return None  # realpath follows it: only `check` knows where it leads
+            except FileNotFoundError:
+                pass  # realpath of a missing file is its directory's realpath and its name
+            except OSError:
+                return None
+        return canonical
+
+    def _directory(self, head: str, local: bool) -> tuple[str, bool] | None:
+        """(canonical directory ending in '/', whether everything in it is allowed), None if unusable."""
+        try:
+            if local:
+                resolved = canonicalize(head or "/")
+                directory = resolved if resolved.endswith("/") else resolved + "/"
+            else:
+                directory = canonicalize(head + "/")
+        except DaemonError:
+            return None
+        if not directory.endswith("/"):
+            return None
+        allowed = any(
+            directory.startswith(prefix + "/") or prefix == "/" and is_local(directory)
+            for prefix in self.prefixes
+        )
+        return directory, allowed
 
     def check(self, url: str) -> str:
         """Canonicalise `url` and return it if allowed.

@@ -18,6 +18,12 @@ where a url is indexed or unindexed in a plan, where a cursor moves, and where a
 ``choose_resident_victim`` decides in O(C + log R) (C readers, R resident shards) what ``choose_victim``, the
 linear reference kept for lists of candidates, decides in O(R x plans per url), with the same result.
 
+Registration and deletion come in two speeds. ``add_plan`` / ``delete_plan`` / ``expire_stale`` do the whole
+work at once (tests, simulations). The daemon instead calls ``begin_plan`` then ``index_more`` in bounded
+steps, and ``drop_plan`` / ``retire_stale`` then ``unindex_more``, so that no step is proportional to a
+plan's length: a dropped plan is gone at once for every question asked here, and its index entries are
+garbage removed later (lookups skip plan ids that are no longer live).
+
 Example:
     >>> t = [0.0]
     >>> p = Planner(clock=lambda: t[0])
@@ -34,10 +40,19 @@ import math
 import statistics
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from shardcached.nextuse import NextUseIndex, use_in, uses_by_chain
-from shardcached.plans import Chain, Plan, Positions, first_at_or_after, index_plan, unindex_plan
+from shardcached.plans import (
+    Chain,
+    Plan,
+    Positions,
+    first_at_or_after,
+    index_plan,
+    index_range,
+    unindex_range,
+)
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
 
 logger = logging.getLogger(__name__)
@@ -83,6 +98,7 @@ class Planner:
         self._plans: dict[str, Plan] = {}
         self._chains: dict[tuple[str, int], Chain] = {}
         self._positions: Positions = {}  # url -> plan id -> position(s): see plans.py
+        self._retired: deque[Plan] = deque()  # dropped plans whose index entries are not all removed yet
         self._recency = Recency()
         # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
         self._index = NextUseIndex(
@@ -99,6 +115,22 @@ class Planner:
 
         Registering the same (job, slot, epoch) again with the same urls returns the existing id and keeps
         its cursor (a client re-registers after reconnecting); with other urls it replaces the plan.
+        The whole plan is indexed before this returns (the daemon uses `begin_plan` and `index_more`).
+        """
+        plan, fresh = self.begin_plan(job, slot, epoch, list(urls))
+        if fresh:
+            index_plan(self._positions, plan, self._replanner(plan.chain))
+        self.unindex_more(math.inf)
+        return plan.id
+
+    def begin_plan(
+        self, job: str, slot: int, epoch: int, urls: list[str], digest: str | None = None
+    ) -> tuple[Plan, bool]:
+        """Register a plan without indexing its urls: (plan, whether it still needs `index_more`).
+
+        As `add_plan`, an identical registration returns the existing plan (and False). `digest`, a hash
+        of `urls` computed by the caller, makes that comparison O(1); without it the urls are compared.
+        The plan counts as registered at once; its urls count for next uses as `index_more` reaches them.
         """
         now = self._clock()
         self._maybe_expire(now)
@@ -109,30 +141,66 @@ class Planner:
         self._expiry_check_at = min(self._expiry_check_at, now + self.stale_after_s)
         for plan in chain.plans:
             if plan.epoch == epoch:
-                if plan.urls == list(urls):
-                    return plan.id
-                self.delete_plan(plan.id)
+                same = plan.digest == digest if digest is not None else plan.urls == urls
+                if same and len(plan.urls) == len(urls):
+                    return plan, False
+                self.drop_plan(plan.id)
                 break
-        plan = Plan(uuid.uuid4().hex, chain, epoch, list(urls))
+        plan = Plan(uuid.uuid4().hex, chain, epoch, urls, digest=digest)
         self._plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
-        index_plan(self._positions, plan, self._replanner(chain))
         logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
-        return plan.id
+        return plan, True
+
+    def index_more(self, plan: Plan, budget: int) -> bool:
+        """Index up to `budget` more urls of `plan`, in order; True once nothing is left to index (the plan
+        is fully indexed, or was dropped meanwhile)."""
+        if self._plans.get(plan.id) is not plan:
+            return True
+        stop = min(len(plan.urls), plan.indexed + budget)
+        index_range(self._positions, plan, plan.indexed, stop, self._replanner(plan.chain))
+        plan.indexed = stop
+        return stop == len(plan.urls)
 
     def delete_plan(self, plan_id: str) -> bool:
-        """Forget a plan; False if the id is unknown (never registered, deleted, or dropped as stale)."""
+        """Forget a plan and remove it from the index; False if the id is unknown (never registered,
+        deleted, or dropped as stale)."""
+        if not self.drop_plan(plan_id):
+            return False
+        self.unindex_more(math.inf)
+        return True
+
+    def drop_plan(self, plan_id: str) -> bool:
+        """Forget a plan now and leave its index entries to `unindex_more`; False if the id is unknown."""
         plan = self._plans.pop(plan_id, None)
         if plan is None:
             return False
+        self._retired.append(plan)
         chain = plan.chain
-        unindex_plan(self._positions, plan, self._replanner(chain))
         chain.plans.remove(plan)
         if not chain.plans:
             self._chains.pop((chain.job, chain.slot), None)
             self._ref_interval = None
         return True
+
+    def unindex_more(self, budget: float) -> bool:
+        """Remove up to `budget` index entries of dropped plans; True once none is left."""
+        retired = self._retired
+        while retired and budget > 0:
+            plan = retired[0]
+            start = max(0, plan.indexed - int(min(budget, plan.indexed)))
+            unindex_range(self._positions, plan, start, plan.indexed, self._replanner(plan.chain))
+            budget -= plan.indexed - start
+            plan.indexed = start
+            if start == 0:
+                retired.popleft()
+        return not retired
+
+    @property
+    def unindex_pending(self) -> bool:
+        """Whether dropped plans still have entries in the index (see `unindex_more`)."""
+        return bool(self._retired)
 
     def job_of(self, plan_id: str) -> str | None:
         """The job of a live plan; None for an unknown id."""
@@ -288,7 +356,11 @@ class Planner:
             return idle
 
         def entry_time(chain: Chain, epoch: int, position: int) -> float:
-            plan = next(p for p in chain.plans if p.epoch == epoch)
+            plan = next((p for p in chain.plans if p.epoch == epoch), None)
+            if plan is None:
+                # A dropped plan's entry that `unindex_more` has not refiled yet: met first, and the url is
+                # then scored by its live plans only (`_next_time`), so it is never chosen by the dead one.
+                return math.inf
             line = lines.get(plan.id)
             if line is None:
                 line = lines[plan.id] = plan.time_line(now, ref)
@@ -328,14 +400,22 @@ class Planner:
         return nearest_first(windows, skip, limit)
 
     def expire_stale(self) -> int:
-        """Drop the plans of every (job, slot) idle for `stale_after_s`; returns how many plans went."""
+        """Drop the plans of every (job, slot) idle for `stale_after_s` and remove them from the index;
+        returns how many plans went."""
+        dropped = self.retire_stale()
+        self.unindex_more(math.inf)
+        return dropped
+
+    def retire_stale(self) -> int:
+        """Drop the plans of every (job, slot) idle for `stale_after_s`, leaving their index entries to
+        `unindex_more`: O(plans), whatever their length. Returns how many plans went."""
         now = self._clock()
         dropped = 0
         earliest = math.inf
         for chain in list(self._chains.values()):
             if now - chain.last_activity >= self.stale_after_s:
                 for plan in list(chain.plans):
-                    self.delete_plan(plan.id)
+                    self.drop_plan(plan.id)
                     dropped += 1
                 logger.info("dropped stale plans of job=%s slot=%d", chain.job, chain.slot)
             else:
@@ -361,9 +441,10 @@ class Planner:
         ]
 
     def _maybe_expire(self, now: float) -> None:
-        # Amortised O(1): the earliest moment any chain can go stale only moves forward.
+        # Amortised O(1): the earliest moment any chain can go stale only moves forward. Inside a request:
+        # drop only, the index entries go later (`unindex_more`).
         if now >= self._expiry_check_at:
-            self.expire_stale()
+            self.retire_stale()
 
     def _reference_interval(self) -> float:
         if self._ref_interval is None:
@@ -380,7 +461,9 @@ class Planner:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
         nearest = math.inf
         for plan_id, where in self._positions.get(url, {}).items():
-            plan = self._plans[plan_id]
+            plan = self._plans.get(plan_id)
+            if plan is None:
+                continue  # dropped; its entries are garbage not removed yet
             position = first_at_or_after(where, plan.cursor)
             if position is not None:
                 nearest = min(nearest, plan.opens_before() + position)
@@ -399,7 +482,9 @@ class Planner:
             return None
         best: float | None = None
         for plan_id, where in per_plan.items():
-            plan = self._plans[plan_id]
+            plan = self._plans.get(plan_id)
+            if plan is None:
+                continue  # dropped; its entries are garbage not removed yet
             position = first_at_or_after(where, plan.cursor)
             if position is None:
                 continue

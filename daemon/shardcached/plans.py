@@ -5,6 +5,10 @@ moving average). A plan is the ordered urls of one epoch with a cursor. The posi
 url -> plan id -> the url's position in that plan, or its ascending positions when it repeats there (a bare
 int for the common case keeps memory and garbage-collector work down for 100k-url plans). Pure data and
 arithmetic: the planner (planner.py) decides what to do with them.
+
+A plan enters and leaves the index in ranges of positions (`index_range` / `unindex_range`, the only two
+functions that write the index), so the daemon can spread a million-url plan over many short steps of its
+event loop: `Plan.indexed` says how far the plan is indexed.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class Plan:
     epoch: int
     urls: list[str]
     cursor: int = 0
+    indexed: int = 0  # positions [0, indexed) are in the position index
+    digest: str | None = None  # a hash of `urls`, when the registration computed one (off the loop)
 
     @property
     def remaining(self) -> int:
@@ -79,10 +85,18 @@ class Plan:
         return base + self.opens_before() * interval, interval
 
 
-def index_plan(positions: Positions, plan: Plan, indexed: Callable[[str], None] | None = None) -> None:
-    """Add `plan`'s urls to the position index; `indexed(url)` after each url's position is in."""
+def index_range(
+    positions: Positions, plan: Plan, start: int, stop: int, indexed: Callable[[str], None] | None = None
+) -> None:
+    """Add positions [start, stop) of `plan` to the position index, in order (ascending positions per url);
+    `indexed(url)` after each url's position is in.
+
+    With `unindex_range`, the one place urls enter or leave the index: per-url bookkeeping hooks here.
+    """
     pid = plan.id
-    for position, url in enumerate(plan.urls):
+    urls = plan.urls
+    for position in range(start, stop):
+        url = urls[position]
         per_plan = positions.get(url)
         if per_plan is None:
             positions[url] = {pid: position}
@@ -98,16 +112,36 @@ def index_plan(positions: Positions, plan: Plan, indexed: Callable[[str], None] 
             indexed(url)
 
 
-def unindex_plan(positions: Positions, plan: Plan, unindexed: Callable[[str], None] | None = None) -> None:
-    """Remove `plan`'s urls from the position index; `unindexed(url)` after each url's positions are out."""
-    for url in set(plan.urls):
+def unindex_range(
+    positions: Positions, plan: Plan, start: int, stop: int, unindexed: Callable[[str], None] | None = None
+) -> None:
+    """Remove the urls at positions [start, stop) of a plan that is no longer live from the index;
+    `unindexed(url)` once each url's entries are out.
+
+    All of a url's positions in the plan go at once (the plan is dead: its entries are only garbage).
+    """
+    pid = plan.id
+    urls = plan.urls
+    for position in range(start, stop):
+        url = urls[position]
         per_plan = positions.get(url)
-        if per_plan is not None:
-            per_plan.pop(plan.id, None)
+        if per_plan is not None and per_plan.pop(pid, None) is not None:
             if not per_plan:
                 del positions[url]
-        if unindexed is not None:
-            unindexed(url)
+            if unindexed is not None:
+                unindexed(url)
+
+
+def index_plan(positions: Positions, plan: Plan, indexed: Callable[[str], None] | None = None) -> None:
+    """Add the rest of `plan`'s urls to the position index."""
+    index_range(positions, plan, plan.indexed, len(plan.urls), indexed)
+    plan.indexed = len(plan.urls)
+
+
+def unindex_plan(positions: Positions, plan: Plan, unindexed: Callable[[str], None] | None = None) -> None:
+    """Remove `plan`'s indexed urls from the position index."""
+    unindex_range(positions, plan, 0, plan.indexed, unindexed)
+    plan.indexed = 0
 
 
 def first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:

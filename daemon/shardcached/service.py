@@ -27,6 +27,7 @@ from shardcached.errors import (
     ShuttingDown,
 )
 from shardcached.fetcher import Fetcher
+from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList, cache_key
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
@@ -111,13 +112,18 @@ class ShardService:
             cancel=self._cancel,
             clock=clock,
         )
+        self.indexer = PlanIndexer(planner)
         self._loops: list[asyncio.Task[Any]] = []
         self.hits = self.misses = self.bytes_served = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the prefetcher and the housekeeping loop (call from the running loop)."""
-        self._loops = [self.spawn(self.prefetcher.run()), self.spawn(self._housekeeping_loop())]
+        self._loops = [
+            self.spawn(self.prefetcher.run()),
+            self.spawn(self._housekeeping_loop()),
+            self.spawn(self.indexer.run()),
+        ]
         # Remote clients are slow to set up (seconds for S3); do it now, off the loop, not on the first open.
         self._pool.submit(self.fetcher.warm_up, list(self.allow.prefixes))
 
@@ -391,8 +397,10 @@ class ShardService:
             expired = self.store.expire_leases()
             if expired:
                 self.metrics.abandoned_leases.labels("ttl").inc(expired)
-            if (expired + self.planner.expire_stale() + self.store.expire_partials()) > 0:
+            if (expired + self.planner.retire_stale() + self.store.expire_partials()) > 0:
                 self._notify()
+            if self.planner.unindex_pending:  # stale plans, dropped here or inside a request
+                self.indexer.wake()
             now = self._clock()
             self.downloads.forget_old_infos(now)
             self.prefetcher.forget_failures(now)

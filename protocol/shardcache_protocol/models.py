@@ -71,7 +71,8 @@ class PlanRequest(_Request):
     job: str = Field(min_length=1, max_length=256)
     slot: int = Field(ge=0)
     epoch: int = Field(ge=0)
-    urls: list[ShardUrl] = Field(max_length=MAX_PLAN_URLS)
+    # Bounded by the daemon's `--max-plan-urls` (413 plan_too_large beyond), not by the schema.
+    urls: list[ShardUrl]
 
 
 class PlanResponse(_Answer):
@@ -107,7 +108,12 @@ class ShardInfo(_Answer):
 
 
 class ShardList(_Answer):
+    """`GET /v1/shards?limit=&after=`: one page of the resident shards, ordered by url."""
+
     shards: list[ShardInfo]
+    next_after: str | None = Field(
+        default=None, description="pass as `after` for the next page; null on the last page"
+    )
 
 
 class JobPins(_Answer):

@@ -382,11 +382,18 @@ class DaemonClient(DaemonAvailability):
         return Stats.model_validate(self._call("GET", f"{_V1}/stats"))
 
     def shards(self) -> list[ShardInfo]:
-        """The resident shards: url, size, last use, next planned use (`GET /v1/shards`)."""
-        answer = self._call("GET", f"{_V1}/shards")
-        if isinstance(answer, list):
-            answer = {"shards": answer}
-        return ShardList.model_validate(answer).shards
+        """The resident shards: url, size, last use, next planned use (`GET /v1/shards`, every page)."""
+        shards: list[ShardInfo] = []
+        path = f"{_V1}/shards"
+        while True:
+            answer = self._call("GET", path)
+            if isinstance(answer, list):  # a daemon from before the listing had pages
+                answer = {"shards": answer}
+            page = ShardList.model_validate(answer)
+            shards.extend(page.shards)
+            if page.next_after is None:
+                return shards
+            path = f"{_V1}/shards?after={_quote(page.next_after)}"
 
     def prefetch(self, urls: Sequence[str]) -> None:
         """Ask the daemon to fetch shards in the background (`POST /v1/prefetch`); returns at once."""

@@ -30,13 +30,16 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, DaemonRequestError
 from shardcache.jobs import default_job
 from shardcache.shards import ShardRef
 from shardcache.sources.lance_order import fingerprint_neutral
 from shardcache.sources.partition import permutation
 
 logger = logging.getLogger(__name__)
+
+# The daemon refuses a plan longer than its `--max-plan-urls` (413): the slot reads on without a plan.
+PLAN_TOO_LARGE = "plan_too_large"
 
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
@@ -160,21 +163,22 @@ class PlanTracker:
         self.current: str | None = None
         self._following: tuple[int, str] | None = None
         self._generation = -1  # the client's connection generation when the plans were last registered
+        self._refused = False  # the daemon refused this epoch's plan as too long: read on without one
+        self._warned = False
 
     def start(self, epoch: int, urls_now: Sequence[str], urls_next: Sequence[str]) -> str | None:
         """Announce this epoch's and the next epoch's orders; the current plan id (None: no daemon)."""
         if self.client is None:
             return None
         self.finish()
+        self._refused = False
         if self._following is not None and self._following[0] == epoch:
             # The plan announced as "next" during the previous epoch becomes the current one.
             self.current = self._following[1]
         else:
             self._drop_following()
-            self.current = self.client.register_plan(
-                self.job, self.slot, epoch, _dedupe_consecutive(urls_now)
-            )
-        following = self.client.register_plan(self.job, self.slot, epoch + 1, _dedupe_consecutive(urls_next))
+            self.current = self._register(epoch, urls_now)
+        following = self._register(epoch + 1, urls_next)
         self._following = None if following is None else (epoch + 1, following)
         self._generation = self.client.generation
         logger.debug(
@@ -187,7 +191,33 @@ class PlanTracker:
         they were registered (it restarted, or this client fell back to direct reads and came back), or
         it could not be reached when they were due. One comparison; called before every shard."""
         client = self.client
-        return client is not None and (self.current is None or client.generation != self._generation)
+        if client is None:
+            return False
+        return (self.current is None and not self._refused) or client.generation != self._generation
+
+    def _register(self, epoch: int, urls: Sequence[str]) -> str | None:
+        """Register one plan; None without a daemon, or when the daemon refused it as too long (logged
+        once: reads go on through the daemon, only without prefetch for this slot)."""
+        client = self.client
+        if client is None:
+            return None
+        try:
+            return client.register_plan(self.job, self.slot, epoch, _dedupe_consecutive(urls))
+        except DaemonRequestError as exc:
+            if exc.code != PLAN_TOO_LARGE:
+                raise
+            self._refused = True
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "shardcached refused the plan of job %s slot %d (%d shards): %s; reading on without "
+                    "a plan (no prefetch for this slot)",
+                    self.job,
+                    self.slot,
+                    len(urls),
+                    exc.detail,
+                )
+            return None
 
     def resync(self, epoch: int, urls_remaining: Sequence[str], urls_next: Sequence[str]) -> str | None:
         """Register this epoch's remaining order and the next epoch's again; the current plan id.
@@ -198,13 +228,9 @@ class PlanTracker:
         """
         if self.client is None:
             return None
-        self.current = self.client.register_plan(
-            self.job, self.slot, epoch, _dedupe_consecutive(urls_remaining)
-        )
+        self.current = self._register(epoch, urls_remaining)
         if self.current is not None:
-            following = self.client.register_plan(
-                self.job, self.slot, epoch + 1, _dedupe_consecutive(urls_next)
-            )
+            following = self._register(epoch + 1, urls_next)
             self._following = None if following is None else (epoch + 1, following)
             logger.info(
                 "re-registered the plans of job %s slot %d epoch %d with the daemon (%d shards left)",

@@ -1,0 +1,166 @@
+"""Plan registration at scale: how long a plan of n urls takes to register and delete, and how long a hit on
+another connection waits meanwhile (issue 25; target at 1M urls: no hit waits more than 50 ms).
+
+For each n, a real daemon (prefetch off) gets one plan of n `s3://` urls (nothing is fetched: registration
+only canonicalises, allow-lists and indexes them) while a probe process loops on another connection: a
+`GET /v1/health` and a warm open + release of a resident local shard. The probes run from the registration
+until 2 s after its answer (the background indexing), then through the deletion and 2 s after it. Printed
+per n: the registration and deletion answer times, and p99 / worst of the probes; then the ratios 1M/1k.
+With `--baseline DIR` (a checkout of main: `git worktree add --detach /tmp/scale-base main`) the same runs
+against that tree's daemon, in the same run, and the ratios this/baseline are printed.
+
+    .venv/bin/python -m bench.bench_scale_daemon --sizes 1000 10000 100000 1000000 --baseline /tmp/scale-base
+    .venv/bin/python -m bench.bench_scale_daemon --sizes 1000 10000                    # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from tests.support.devservers import start_daemon
+
+BUCKET = "s3://bench-scale"
+
+
+def probe(socket: str, shard: str, stop: Any, out: Any) -> None:
+    """Loop health and warm open/release until `stop`; send the latencies (seconds) back."""
+    transport = httpx.HTTPTransport(uds=socket)
+    health, opens = [], []
+    with httpx.Client(transport=transport, base_url="http://d", timeout=600) as http:
+        while not stop.is_set():
+            started = time.perf_counter()
+            http.get("/v1/health").raise_for_status()
+            health.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            grant = http.post("/v1/shards/open", json={"url": shard})
+            grant.raise_for_status()
+            opens.append(time.perf_counter() - started)
+            http.post("/v1/shards/release", json={"lease": grant.json()["lease"]}).raise_for_status()
+            time.sleep(0.002)
+    out.put((health, opens))
+
+
+def run_one(n: int, tree: Path | None, work: Path) -> dict[str, float]:
+    shards = work / "local"
+    shards.mkdir(exist_ok=True)
+    shard = shards / "warm.tar"
+    shard.write_bytes(os.urandom(4096))
+    env = {}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(tree / part) for part in ("daemon", "client", "protocol"))
+    cache = work / f"cache-{n}-{'base' if tree else 'this'}"
+    daemon = start_daemon(
+        work / "d.sock",
+        cache,
+        [BUCKET, str(shards)],
+        extra_args=["--prefetch-depth", "0"],
+        env=env,
+        log=work / "daemon.log",
+    )
+    try:
+        urls = [f"{BUCKET}/train/shard-{i:07d}.tar" for i in range(n)]
+        body = json.dumps({"job": "bench", "slot": 0, "epoch": 0, "urls": urls}).encode()
+        transport = httpx.HTTPTransport(uds=daemon.socket)
+        with httpx.Client(transport=transport, base_url="http://d", timeout=600) as http:
+            grant = http.post("/v1/shards/open", json={"url": str(shard)}).json()
+            http.post("/v1/shards/release", json={"lease": grant["lease"]}).raise_for_status()
+            ctx = multiprocessing.get_context("spawn")
+            stop, out = ctx.Event(), ctx.Queue()
+            prober = ctx.Process(target=probe, args=(daemon.socket, str(shard), stop, out))
+            prober.start()
+            time.sleep(1.0)  # the probe process is up and looping (spawn imports take a while)
+            started = time.perf_counter()
+            answer = http.post("/v1/plans", content=body, headers={"content-type": "application/json"})
+            register_s = time.perf_counter() - started
+            answer.raise_for_status()
+            plan = answer.json()["plan"]
+            time.sleep(2.0)
+            started = time.perf_counter()
+            http.delete(f"/v1/plans/{plan}").raise_for_status()
+            delete_s = time.perf_counter() - started
+            time.sleep(2.0)
+            stop.set()
+            health, opens = out.get(timeout=600)
+            prober.join()
+    finally:
+        daemon.stop()
+        shutil.rmtree(cache, ignore_errors=True)
+    return {
+        "register_s": register_s,
+        "delete_s": delete_s,
+        "health_p99_ms": float(np.percentile(health, 99)) * 1e3,
+        "health_max_ms": max(health) * 1e3,
+        "open_p99_ms": float(np.percentile(opens, 99)) * 1e3,
+        "open_max_ms": max(opens) * 1e3,
+        "probes": len(health),
+    }
+
+
+def show(label: str, results: dict[int, dict[str, float]]) -> None:
+    print(f"\n{label}")
+    print(
+        f"{'urls':>9} {'register s':>11} {'delete s':>9} {'health p99':>11} {'health max':>11} "
+        f"{'open p99':>9} {'open max':>9} {'probes':>7}"
+    )
+    for n, r in results.items():
+        print(
+            f"{n:>9} {r['register_s']:>11.3f} {r['delete_s']:>9.3f} {r['health_p99_ms']:>9.1f}ms "
+            f"{r['health_max_ms']:>9.1f}ms {r['open_p99_ms']:>7.1f}ms {r['open_max_ms']:>7.1f}ms "
+            f"{int(r['probes']):>7}"
+        )
+    first, last = min(results), max(results)
+    if last > first:
+        a, b = results[first], results[last]
+        worst_a, worst_b = (max(r["health_max_ms"], r["open_max_ms"]) for r in (a, b))
+        print(
+            f"ratio {last}/{first}: register {b['register_s'] / a['register_s']:.1f}x, "
+            f"worst hit wait {worst_b / worst_a:.1f}x"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
+    parser.add_argument("--baseline", type=Path, help="a checkout of main, measured in the same run")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="scb-", dir="/tmp"))
+    try:
+        trees: list[tuple[str, Path | None]] = [("this tree", None)]
+        if args.baseline is not None:
+            trees.append((f"baseline {args.baseline}", args.baseline.resolve()))
+        table: dict[str, dict[int, dict[str, float]]] = {}
+        for n in args.sizes:
+            for label, tree in trees:
+                table.setdefault(label, {})[n] = run_one(n, tree, work)
+        for label, results in table.items():
+            show(label, results)
+        if args.baseline is not None:
+            this, base = table["this tree"], table[trees[1][0]]
+            print("\nthis / baseline (worst hit wait, register answer):")
+            for n in args.sizes:
+                worst = max(this[n]["health_max_ms"], this[n]["open_max_ms"])
+                worst_base = max(base[n]["health_max_ms"], base[n]["open_max_ms"])
+                print(
+                    f"{n:>9}: worst wait {worst / worst_base:.3f}x, "
+                    f"register {this[n]['register_s'] / base[n]['register_s']:.2f}x"
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""A plan's body, read in a worker thread: parsed, validated, bounded, canonicalised and hashed.
+
+A million-url plan is 40 MB of JSON. `json.loads` and pydantic parse it in one C call that holds the GIL
+(0.9 s and 2 s here): run from a worker thread they would still stop the event loop for that long. This
+module reads the `urls` array one element at a time with a regex, so the GIL can pass to the loop between
+elements, validates the urls in small batches with the wire model's `ShardUrl`, and the other fields with
+`PlanRequest` itself. It stops reading past `max_urls` (413, naming `--max-plan-urls`).
+
+Example:
+    >>> from shardcached.keys import AllowList
+    >>> body = b'{"job": "j", "slot": 0, "epoch": 1, "urls": ["s3://b/x.tar", "s3://b/y.tar"]}'
+    >>> plan = read_plan([body], AllowList(["s3://b"]), max_urls=10)
+    >>> (plan.job, plan.slot, plan.epoch, plan.urls)
+    ('j', 0, 1, ['s3://b/x.tar', 's3://b/y.tar'])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from shardcache_protocol import PlanRequest
+from shardcache_protocol.models import ShardUrl
+from shardcached.errors import Invalid, PlanTooLarge, validation_detail
+from shardcached.keys import AllowList
+
+_BATCH = 10_000  # urls validated, canonicalised or hashed per C call (a few ms of GIL each)
+_WS = re.compile(rb"[ \t\n\r]*")
+# One JSON string (escapes allowed) and the separator after it.
+_STRING = re.compile(rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"')
+_SCALAR = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null')
+_URLS = TypeAdapter(list[ShardUrl])
+
+
+@dataclass(frozen=True)
+class PlanBody:
+    """A registration, ready for the planner: canonical urls and their digest."""
+
+    job: str
+    slot: int
+    epoch: int
+    urls: list[str]
+    digest: str
+
+
+def read_plan(chunks: Sequence[bytes], allow: AllowList, max_urls: int) -> PlanBody:
+    """Parse and check a `POST /v1/plans` body (blocking; run it in a worker thread).
+
+    Raises:
+        Invalid: 422, the body is not JSON or does not match `PlanRequest`.
+        PlanTooLarge: 413, more than `max_urls` urls.
+        BadRequest, NotAllowed: a url is malformed or outside the allow-list (the message names it).
+    """
+    body = b"".join(chunks)
+    fields, raw_urls = _parse(body, max_urls)
+    try:
+        head = PlanRequest.model_validate({**fields, **({} if raw_urls is None else {"urls": []})})
+    except ValidationError as exc:
+        raise Invalid(validation_detail(exc.errors())) from exc
+    urls: list[str] = []
+    digest = hashlib.sha256()
+    for start in range(0, len(raw_urls or ()), _BATCH):
+        batch = (raw_urls or [])[start : start + _BATCH]
+        try:
+            _URLS.validate_python(batch)
+        except ValidationError as exc:
+            errors = [{**e, "loc": ("urls", start + int(e["loc"][0]), *e["loc"][1:])} for e in exc.errors()]
+            raise Invalid(validation_detail(errors)) from exc
+        canonical = allow.check_many(batch)
+        digest.update("\n".join(canonical).encode() + b"\n")
+        urls.extend(canonical)
+    return PlanBody(head.job, head.slot, head.epoch, urls, digest.hexdigest())
+
+
+def _parse(body: bytes, max_urls: int) -> tuple[dict[str, Any], list[str] | None]:
+    """The top-level object's scalar fields, and its `urls` array (None when absent)."""
+    fields: dict[str, Any] = {}
+    urls: list[str] | None = None
+    pos = _expect(body, _skip(body, 0), b"{")
+    pos = _skip(body, pos)
+    if body[pos : pos + 1] == b"}":
+        return fields, urls
+    while True:
+        match = _STRING.match(body, pos)
+        if match is None:
+            raise _syntax(pos, "a field name")
+        key = _string(match.group(0), pos)
+        pos = _skip(body, _expect(body, _skip(body, match.end()), b":"))
+        if key == "urls":
+            urls, pos = _urls(body, pos, max_urls)
+        else:
+            value = _SCALAR.match(body, pos)
+            if value is None:
+                raise Invalid(f"{key}: expected a string or a number; see docs/api.md")
+            fields[key] = json.loads(value.group(0))
+            pos = value.end()
+        pos = _skip(body, pos)
+        if body[pos : pos + 1] == b",":
+            pos = _skip(body, pos + 1)
+            continue
+        pos = _expect(body, pos, b"}")
+        break
+    if _skip(body, pos) != len(body):
+        raise _syntax(pos, "the end of the body")
+    return fields, urls
+
+
+def _urls(body: bytes, pos: int, max_urls: int) -> tuple[list[str], int]:
+    """The strings of the array at `pos`, and the position after it."""
+    pos = _skip(body, _expect(body, pos, b"["))
+    urls: list[str] = []
+    if body[pos : pos + 1] == b"]":
+        return urls, pos + 1
+    match_string, skip, append = _STRING.match, _skip, urls.append
+    while True:
+        match = match_string(body, pos)
+        if match is None:
+            raise _syntax(pos, "a url string")
+        raw = match.group(1)
+        append(_string(match.group(0), pos) if b"\\" in raw else _utf8(raw, pos))
+        if len(urls) > max_urls:
+            raise PlanTooLarge(
+                f"the plan names more than {max_urls} urls, the daemon's bound on a plan's length "
+                f"(shardcached --max-plan-urls, SHARDCACHE_MAX_PLAN_URLS): register shorter plans "
+                f"(e.g. Dataset.mini_epochs) or raise the bound"
+            )
+        pos = skip(body, match.end())
+        separator = body[pos : pos + 1]
+        if separator == b"]":
+            return urls, pos + 1
+        if separator != b",":
+            raise _syntax(pos, "',' or ']' in urls")
+        pos = skip(body, pos + 1)
+
+
+def _string(token: bytes, pos: int) -> str:
+    try:
+        value = json.loads(token)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _syntax(pos, "a valid JSON string") from exc
+    return str(value)
+
+
+def _utf8(raw: bytes, pos: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _syntax(pos, "UTF-8 text") from exc
+
+
+def _skip(body: bytes, pos: int) -> int:
+    match = _WS.match(body, pos)
+    return pos if match is None else match.end()
+
+
+def _expect(body: bytes, pos: int, token: bytes) -> int:
+    if body[pos : pos + 1] != token:
+        raise _syntax(pos, repr(token.decode()))
+    return pos + 1
+
+
+def _syntax(pos: int, expected: str) -> Invalid:
+    return Invalid(f"body: invalid JSON at byte {pos}: expected {expected}; see docs/api.md")
