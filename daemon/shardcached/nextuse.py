@@ -157,6 +157,16 @@ class NextUseIndex:
             del self._keys[url]
             self._file_idle(url)
 
+    def dropped(self, chain: Chain, epoch: int) -> None:
+        """`chain`'s plan for `epoch` is no longer live: refile the resident urls it held now (their use there
+        is gone), though the plan's entries in the position index are removed later, in steps."""
+        order = self._chains.get(chain)
+        if order is None:
+            return
+        # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
+        for _, _, url in list(order.irange(minimum=(epoch,), maximum=(epoch + 1,), inclusive=(True, False))):
+            self.replan(url, chain)
+
     def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
         """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
         url whose use there lies before it moves on to its next use."""

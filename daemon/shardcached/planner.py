@@ -179,6 +179,8 @@ class Planner:
         self._retired.append(plan)
         chain = plan.chain
         chain.plans.remove(plan)
+        # O(resident shards of the plan), not O(its urls): eviction stays exact while the index is cleaned.
+        self._index.dropped(chain, plan.epoch)
         if not chain.plans:
             self._chains.pop((chain.job, chain.slot), None)
             self._ref_interval = None
