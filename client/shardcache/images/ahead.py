@@ -77,12 +77,12 @@ def _gpu_decoder(device: str, backend: str) -> Any:
     """Decode on a stream of its own and record an event after it. UNTESTED ON A GPU (see the module)."""
     import torch
 
-    stream = torch.cuda.Stream(device=device)
+    stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
     def decode(images: Any) -> tuple[Any, Any]:
         with background_work(), torch.cuda.stream(stream):
             tensor = decode_batch(images, device=device, backend=backend)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         return tensor, event
 

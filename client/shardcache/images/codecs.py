@@ -73,7 +73,8 @@ def turbo() -> ModuleType:
         import simplejpeg
     except ImportError as exc:
         raise ConfigError(f"the turbo image backend needs simplejpeg ({exc}): {EXTRA}") from exc
-    return simplejpeg
+    module: ModuleType = simplejpeg  # untyped: no stubs
+    return module
 
 
 def has_turbo() -> bool:

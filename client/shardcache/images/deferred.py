@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from shardcache.errors import ConfigError, CorruptImageError
-from shardcache.images.codecs import BadImage, decode_box, has_turbo, read_header
+from shardcache.images.codecs import JPEG_MAGIC, BadImage, decode_box, has_turbo, read_header
 from shardcache.images.crop import CropBox
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ def resolve_device(device: str) -> str:
         raise ConfigError(f"device={device!r}: expected one of {DEVICES} or 'cuda:N'")
     if device == "cpu":
         return "cpu"
-    torch = _torch()
-    gpu = torch.cuda.is_available() and _has_torchvision()
+    th = _torch()
+    gpu = th.cuda.is_available() and _has_torchvision()
     if device == "auto":
         return "cuda" if gpu else "cpu"
     if not gpu:
@@ -95,14 +95,17 @@ def decode_batch(
         CorruptImageError: a record's bytes do not decode (named by its sample key). The worker read their
             header already, so only a body that is damaged past its header gets here.
     """
-    torch = _torch()
+    th = _torch()  # Any: the module, or a ConfigError naming the extra
     records = unbatch_deferred(images)
     where = resolve_device(device)
     if where != "cpu":
         return _decode_cuda(records, where, backend)
     use_turbo = backend != "pil" and has_turbo()
     arrays = [_decode_cpu(r, use_turbo) for r in records]
-    return torch.from_numpy(np.stack(arrays)) if arrays else torch.empty((0, 0, 0, 3), dtype=torch.uint8)
+    if not arrays:
+        raise ConfigError("decode_batch: the batch holds no image")
+    batch: torch.Tensor = th.from_numpy(np.stack(arrays))
+    return batch
 
 
 def _decode_cpu(record: DeferredImage, use_turbo: bool) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -118,8 +121,6 @@ def _decode_cuda(records: list[DeferredImage], device: str, backend: str) -> tor
     import torch
     import torch.nn.functional as F
     from torchvision.io import ImageReadMode, decode_jpeg
-
-    from shardcache.images.codecs import JPEG_MAGIC
 
     jpegs = [i for i, r in enumerate(records) if r.data[:3] == JPEG_MAGIC]
     encoded = [torch.from_numpy(np.frombuffer(records[i].data, dtype=np.uint8).copy()) for i in jpegs]
