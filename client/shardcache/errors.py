@@ -249,14 +249,35 @@ class CorruptImageError(CorruptShardError):
     CorruptShardError, so code that handles corrupt shards handles it too. Raised by the decode stage, after
     the source read the sample: the source's `on_error="skip"` does not see it; the decoder's own
     `on_error="skip"` drops the sample instead.
+
+    Built with `CorruptImageError.of(shard, key, field, detail)`. The constructor takes the message alone, as
+    torch's DataLoader rebuilds a worker's exception (`type(exc)(message)`): the trainer then gets this type
+    (with `key` and `field` None, the message still naming them) rather than a RuntimeError.
     """
 
-    def __init__(self, shard: str, key: str, field: str, detail: str) -> None:
-        ShardError.__init__(
-            self,
-            f"corrupt image in shard {shard}, sample {key!r}, field {field!r}: {detail}. Re-create the "
-            f"sample, or decode with on_error='skip' (`.assemble(decoder.each_epoch)`) to drop such samples.",
-        )
-        self.shard, self.detail, self.member, self.line = shard, detail, f"{key}.{field}", None
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: str = "?",
+        key: str | None = None,
+        field: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        ShardError.__init__(self, message)
+        self.shard, self.detail, self.line = shard, detail if detail is not None else message, None
+        self.member = f"{key}.{field}" if key is not None and field is not None else None
         self.key = key
         self.field = field
+
+    @classmethod
+    def of(cls, shard: str, key: str, field: str, detail: str) -> CorruptImageError:
+        """The error for `sample[field]` of the sample `key` in `shard`, the codec's `detail` said."""
+        return cls(
+            f"corrupt image in shard {shard}, sample {key!r}, field {field!r}: {detail}. Re-create the "
+            f"sample, or decode with on_error='skip' (`.assemble(decoder.each_epoch)`) to drop such samples.",
+            shard=shard,
+            key=key,
+            field=field,
+            detail=detail,
+        )

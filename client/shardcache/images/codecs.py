@@ -138,7 +138,7 @@ def decode_pil(
     out_h, out_w = size
     try:
         if draft and image.format == "JPEG" and (factor := dct_factor(box, size)) > 1:
-            image.draft("RGB", (math.ceil(header.width / factor), math.ceil(header.height / factor)))
+            image.draft("RGB", (header.width // factor, header.height // factor))
             sx, sy = image.size[0] / header.width, image.size[1] / header.height
             rgb = image.convert("RGB")
             box_f = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)

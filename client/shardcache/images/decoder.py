@@ -105,7 +105,9 @@ class ImageDecode:
             else:
                 value = decode_box(bytes(data), header, box, self.size, self.draft).image
         except BadImage as exc:
-            raise CorruptImageError(str(sample.get("__shard__", "?")), str(name), self.key, str(exc)) from exc
+            raise CorruptImageError.of(
+                str(sample.get("__shard__", "?")), str(name), self.key, str(exc)
+            ) from exc
         out = dict(sample)
         out[self.key] = value
         return out

@@ -113,7 +113,7 @@ def _decode_cpu(record: DeferredImage, use_turbo: bool) -> np.ndarray[Any, np.dt
         header = read_header(record.data, use_turbo)
         return decode_box(record.data, header, record.box, (record.out_height, record.out_width)).image
     except BadImage as exc:
-        raise CorruptImageError("(a deferred batch)", record.key, "data", str(exc)) from exc
+        raise CorruptImageError.of("(a deferred batch)", record.key, "data", str(exc)) from exc
 
 
 def _decode_cuda(records: list[DeferredImage], device: str, backend: str) -> torch.Tensor:
