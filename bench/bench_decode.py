@@ -1,0 +1,158 @@
+"""Image decode + random-resized-crop to 224x224 on one CPU core: images/s per backend, as ratios to the
+plain Pillow pipeline measured in the same run; and the bytes per sample a DataLoader worker ships.
+
+The images are synthesized once per size (a smooth gradient plus noise, JPEG quality 90): ImageNet-like
+500x375 and web-like 1024x768. Every method decodes the same images with the same crop boxes (torchvision's
+RandomResizedCrop parameters, drawn per image from (seed, round, key)); rounds interleave the methods and
+the median round counts.
+
+- reference: the plain Pillow pipeline written out here (open, convert to RGB, crop, bilinear resize):
+  what torchvision's `RandomResizedCrop` does to a PIL image. torchvision itself is not used: no
+  torchvision wheel loads against this environment's CPU build of torch (its operators fail to register).
+- pil: `shardcache.images.decode(backend="pil")`, the same work through the stage (its overhead).
+- pil+draft: the same with Pillow's `Image.draft` DCT scaling.
+- turbo: libjpeg-turbo (simplejpeg) with DCT-domain downscaling where the crop allows it.
+- turbo, no DCT: the same without the downscaling (the scaling's own share of the gain).
+
+IPC: the bytes one sample costs to ship from a worker, pickled: the decoded 224x224x3 array against the
+deferred record (compressed bytes + crop box). In a DataLoader a collated tensor goes through shared memory
+rather than the pipe; the bytes copied are the same.
+
+    .venv/bin/python -m bench.bench_decode                       # 32 images per size, 5 rounds
+    .venv/bin/python -m bench.bench_decode --images 8 --rounds 2 # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import pickle
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import PIL
+from PIL import Image
+
+from shardcache import images
+from shardcache.images import codecs
+from shardcache.images.crop import random_resized_box, sample_rng
+
+SIZES = {"500x375": (500, 375), "1024x768": (1024, 768)}
+OUT = 224
+
+
+def picture(width: int, height: int, seed: int) -> bytes:
+    """A JPEG (quality 90) of a smooth gradient with noise."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 255 / (width + height)], axis=-1)
+    noise = np.random.default_rng(seed).normal(0, 6, (height, width, 3))
+    out = io.BytesIO()
+    Image.fromarray(np.asarray((base + noise).clip(0, 255), dtype=np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def reference(data: bytes, seed: int, key: str) -> np.ndarray:
+    """The plain Pillow pipeline: decode the whole image, crop, resize (bilinear), to an array."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    box = random_resized_box(image.width, image.height, sample_rng(seed, key))
+    region = image.crop((box.left, box.top, box.left + box.width, box.top + box.height))
+    return np.array(region.resize((OUT, OUT), Image.Resampling.BILINEAR))
+
+
+def stage(backend: str, draft: bool = False) -> Callable[[bytes, int, str], np.ndarray]:
+    decoders: dict[int, images.ImageDecode] = {}
+
+    def run(data: bytes, seed: int, key: str) -> np.ndarray:
+        decoder = decoders.get(seed) or decoders.setdefault(
+            seed, images.decode("jpg", OUT, backend=backend, seed=seed, draft=draft)
+        )
+        out: np.ndarray = decoder({"__key__": key, "jpg": data})["jpg"]
+        return out
+
+    return run
+
+
+def without_dct(run: Callable[[bytes, int, str], np.ndarray]) -> Callable[[bytes, int, str], np.ndarray]:
+    def wrapped(data: bytes, seed: int, key: str) -> np.ndarray:
+        saved = codecs.dct_factor
+        codecs.dct_factor = lambda box, size: 1  # type: ignore[assignment]
+        try:
+            return run(data, seed, key)
+        finally:
+            codecs.dct_factor = saved
+
+    return wrapped
+
+
+def methods() -> dict[str, Callable[[bytes, int, str], np.ndarray]]:
+    return {
+        "reference (Pillow)": reference,
+        "pil": stage("pil"),
+        "pil+draft": stage("pil", draft=True),
+        "turbo": stage("turbo"),
+        "turbo, no DCT": without_dct(stage("turbo")),
+    }
+
+
+def measure(datas: list[bytes], rounds: int) -> dict[str, float]:
+    """Median images/s of each method over `rounds` interleaved rounds."""
+    rates: dict[str, list[float]] = {name: [] for name in methods()}
+    runs = methods()
+    for r in range(rounds):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            for i, data in enumerate(datas):
+                run(data, r, f"img_{i:05d}")
+            rates[name].append(len(datas) / (time.perf_counter() - started))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def ipc_bytes(datas: list[bytes]) -> tuple[float, float, float]:
+    """Mean pickled bytes per sample: decoded array, deferred record; and the mean JPEG size."""
+    eager = images.decode("jpg", OUT, seed=0)
+    deferred = images.decode("jpg", OUT, seed=0, defer=True)
+    decoded = [len(pickle.dumps(eager({"__key__": str(i), "jpg": d})["jpg"], 5)) for i, d in enumerate(datas)]
+    records = [
+        len(pickle.dumps(deferred({"__key__": str(i), "jpg": d})["jpg"], 5)) for i, d in enumerate(datas)
+    ]
+    return statistics.mean(decoded), statistics.mean(records), statistics.mean(len(d) for d in datas)
+
+
+def pin_one_core() -> int:
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--images", type=int, default=32, help="distinct images per size")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    core = pin_one_core()
+    print(f"one core (cpu {core}), {args.images} images per size, {args.rounds} rounds, crop to {OUT}x{OUT}")
+    print(f"Pillow {PIL.__version__}, simplejpeg {codecs.turbo().__version__}")
+    for label, (width, height) in SIZES.items():
+        datas = [picture(width, height, seed) for seed in range(args.images)]
+        # The stage's Pillow backend is the reference's work exactly: same crop, same pixels.
+        assert np.array_equal(reference(datas[0], 0, "k"), stage("pil")(datas[0], 0, "k"))
+        rates = measure(datas, args.rounds)
+        base = rates["reference (Pillow)"]
+        print(f"\n{label} JPEG (mean {statistics.mean(len(d) for d in datas) / 1024:.1f} KiB)")
+        print(f"  {'method':<20}{'images/s':>10}{'ratio':>8}")
+        for name, rate in rates.items():
+            print(f"  {name:<20}{rate:>10.1f}{rate / base:>7.2f}x")
+        decoded, record, jpeg = ipc_bytes(datas)
+        print(
+            f"  IPC bytes per sample: decoded {decoded:,.0f} B, deferred record {record:,.0f} B "
+            f"(JPEG {jpeg:,.0f} B): {decoded / record:.1f}x fewer"
+        )
+
+
+if __name__ == "__main__":
+    main()
