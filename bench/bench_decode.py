@@ -4,7 +4,8 @@ plain Pillow pipeline measured in the same run; and the bytes per sample a DataL
 The images are synthesized once per size (a smooth gradient plus noise, JPEG quality 90): ImageNet-like
 500x375 and web-like 1024x768. Every method decodes the same images with the same crop boxes (torchvision's
 RandomResizedCrop parameters, drawn per image from (seed, round, key)); rounds interleave the methods and
-the median round counts.
+the median round counts. Rates are per CPU-second of this process, pinned to one core (the development
+machine's 2 cores are shared, so wall-clock rates swing with other jobs' load).
 
 - reference: the plain Pillow pipeline written out here (open, convert to RGB, crop, bilinear resize):
   what torchvision's `RandomResizedCrop` does to a PIL image. torchvision itself is not used: no
@@ -13,6 +14,8 @@ the median round counts.
 - pil+draft: the same with Pillow's `Image.draft` DCT scaling.
 - turbo: libjpeg-turbo (simplejpeg) with DCT-domain downscaling where the crop allows it.
 - turbo, no DCT: the same without the downscaling (the scaling's own share of the gain).
+- Pillow / turbo decode only: the whole image at full size, no crop or resize: what the decode alone costs
+  (the rest of a row above is the crop and Pillow's resize, the same work on every backend).
 
 IPC: the bytes one sample costs to ship from a worker, pickled: the decoded 224x224x3 array against the
 deferred record (compressed bytes + crop box). In a DataLoader a collated tensor goes through shared memory
@@ -87,6 +90,15 @@ def without_dct(run: Callable[[bytes, int, str], np.ndarray]) -> Callable[[bytes
     return wrapped
 
 
+def pillow_decode_only(data: bytes, seed: int, key: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+def turbo_decode_only(data: bytes, seed: int, key: str) -> np.ndarray:
+    out: np.ndarray = codecs.turbo().decode_jpeg(data, colorspace="RGB")
+    return out
+
+
 def methods() -> dict[str, Callable[[bytes, int, str], np.ndarray]]:
     return {
         "reference (Pillow)": reference,
@@ -94,19 +106,23 @@ def methods() -> dict[str, Callable[[bytes, int, str], np.ndarray]]:
         "pil+draft": stage("pil", draft=True),
         "turbo": stage("turbo"),
         "turbo, no DCT": without_dct(stage("turbo")),
+        # Not crops: the whole image decoded at full size, no resize (where the time of the rows above goes).
+        "Pillow decode only": pillow_decode_only,
+        "turbo decode only": turbo_decode_only,
     }
 
 
 def measure(datas: list[bytes], rounds: int) -> dict[str, float]:
-    """Median images/s of each method over `rounds` interleaved rounds."""
+    """Median images per CPU-second of each method over `rounds` interleaved rounds (CPU time: other jobs
+    waiting for the same core do not count against a method, as they would in wall-clock time)."""
     rates: dict[str, list[float]] = {name: [] for name in methods()}
     runs = methods()
     for r in range(rounds):
         for name, run in runs.items():
-            started = time.perf_counter()
+            started = time.process_time()
             for i, data in enumerate(datas):
                 run(data, r, f"img_{i:05d}")
-            rates[name].append(len(datas) / (time.perf_counter() - started))
+            rates[name].append(len(datas) / (time.process_time() - started))
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
@@ -144,9 +160,9 @@ def main(argv: list[str] | None = None) -> None:
         rates = measure(datas, args.rounds)
         base = rates["reference (Pillow)"]
         print(f"\n{label} JPEG (mean {statistics.mean(len(d) for d in datas) / 1024:.1f} KiB)")
-        print(f"  {'method':<20}{'images/s':>10}{'ratio':>8}")
+        print(f"  {'method':<20}{'images/CPU-s':>13}{'ratio':>8}")
         for name, rate in rates.items():
-            print(f"  {name:<20}{rate:>10.1f}{rate / base:>7.2f}x")
+            print(f"  {name:<20}{rate:>13.1f}{rate / base:>7.2f}x")
         decoded, record, jpeg = ipc_bytes(datas)
         print(
             f"  IPC bytes per sample: decoded {decoded:,.0f} B, deferred record {record:,.0f} B "

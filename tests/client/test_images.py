@@ -3,6 +3,7 @@ compressed records decoded by batch, corrupt images named, and a real pipeline w
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
 from pathlib import Path
@@ -18,11 +19,11 @@ torch = pytest.importorskip("torch")
 from PIL import Image  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
-from shardcache import Dataset, TorchLoader, images  # noqa: E402
+from shardcache import Dataset, RuntimeContext, TorchLoader, images  # noqa: E402
 from shardcache.errors import ConfigError, CorruptImageError, CorruptShardError  # noqa: E402
 from shardcache.images import codecs  # noqa: E402
 from shardcache.images.crop import CropBox, random_resized_box, sample_rng  # noqa: E402
-from tests.client.pipeline_support import write_tar  # noqa: E402
+from tests.client.pipeline_support import assert_resumes, write_tar  # noqa: E402
 
 FORMATS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -352,3 +353,15 @@ def test_a_corrupt_image_in_a_worker_reaches_the_trainer_as_corrupt_image_error(
     ds = Dataset.from_source("tars", [shard], daemon=None).map(images.decode("jpg", 16))
     with pytest.raises(CorruptImageError, match="'k1'"):
         list(TorchLoader(ds, num_workers=1, batch_size=None))
+
+
+def digest(sample: dict[str, Any]) -> dict[str, Any]:
+    return {"__key__": sample["__key__"], "jpg": hashlib.sha256(sample["jpg"].tobytes()).hexdigest()}
+
+
+def test_each_epoch_decoding_resumes_exactly(image_tars: list[str]) -> None:
+    def make() -> Dataset:
+        source = Dataset.from_source("tars", image_tars, daemon=None)
+        return source.assemble(images.decode("jpg", 24, seed=1).each_epoch).map(digest)
+
+    assert_resumes(make, [0, 5, 13], RuntimeContext(seed=0, epoch=1))
