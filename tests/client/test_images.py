@@ -153,10 +153,10 @@ def test_turbo_decodes_at_the_largest_dct_scale_the_box_allows(
 
 
 def test_pillow_reference_decodes_at_full_size_and_draft_scales(jpeg: bytes) -> None:
-    header = codecs.read_header(jpeg, use_turbo=False)
     box = CropBox(0, 0, 375, 500)
-    assert codecs.decode_pil(jpeg, header, box, (32, 32)).decoded_size == (375, 500)
-    assert codecs.decode_pil(jpeg, header, box, (32, 32), draft=True).decoded_size == (47, 63)
+    plain = codecs.decode_pil(jpeg, codecs.read_header(jpeg, use_turbo=False), box, (32, 32))
+    draft = codecs.decode_pil(jpeg, codecs.read_header(jpeg, use_turbo=False), box, (32, 32), draft=True)
+    assert plain.decoded_size == (375, 500) and draft.decoded_size == (47, 63)
 
 
 # -- deferred records and the batch decode -------------------------------------------------------------------

@@ -43,11 +43,13 @@ class BadImage(Exception):
 
 
 class Header(NamedTuple):
-    """What the header says: the full size, and whether libjpeg-turbo decodes the image."""
+    """What the header says: the full size, and whether libjpeg-turbo decodes the image (else `opened` is
+    Pillow's lazily opened image, which the Pillow backend decodes without parsing the header again)."""
 
     width: int
     height: int
     turbo: bool
+    opened: Any = None
 
 
 class Decoded(NamedTuple):
@@ -97,7 +99,7 @@ def read_header(data: bytes, use_turbo: bool) -> Header:
             return Header(int(width), int(height), True)
     image = _open(data)
     width, height = image.size
-    return Header(int(width), int(height), False)
+    return Header(int(width), int(height), False, image)
 
 
 def dct_factor(box: CropBox, size: tuple[int, int]) -> int:
@@ -134,7 +136,7 @@ def decode_pil(
 ) -> Decoded:
     """The reference: Pillow decodes, crops `box`, resizes to `size` (bilinear). `draft`: see the module."""
     Image = pil()
-    image = _open(data)
+    image = header.opened if header.opened is not None else _open(data)
     out_h, out_w = size
     try:
         if draft and image.format == "JPEG" and (factor := dct_factor(box, size)) > 1:
