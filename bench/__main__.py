@@ -25,6 +25,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_cluster_daemons", [], ["--quick"]),
     ("bench.bench_disk_full", [], ["--repeats", "1"]),
     ("bench.bench_loader", [], ["--quick"]),
+    ("bench.bench_decode", ["--rounds", "9"], ["--images", "4", "--rounds", "1"]),
     ("bench.bench_hangs", ["--runs", "50"], ["--runs", "2", "--methods", "fork"]),
 ]
 
