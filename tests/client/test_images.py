@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -365,3 +368,23 @@ def test_each_epoch_decoding_resumes_exactly(image_tars: list[str]) -> None:
         return source.assemble(images.decode("jpg", 24, seed=1).each_epoch).map(digest)
 
     assert_resumes(make, [0, 5, 13], RuntimeContext(seed=0, epoch=1))
+
+
+def test_decoding_in_a_forked_worker_imports_nothing_the_builder_did_not(tmp_path: Path) -> None:
+    """What a worker's decode needs is imported when the stage is built (shardcache.forksafe, rule 1)."""
+    for ext in FORMATS:
+        (tmp_path / f"image.{ext}").write_bytes(encode(picture(64, 48), ext))
+    code = f"""
+        import sys
+        from pathlib import Path
+        from shardcache import images
+        decoders = {{ext: images.decode(ext, 16) for ext in {list(FORMATS)!r}}}
+        before = set(sys.modules)
+        for ext, decoder in decoders.items():
+            decoder({{"__key__": "k", ext: Path({str(tmp_path)!r}, "image." + ext).read_bytes()}})
+        print(sorted(set(sys.modules) - before))
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout

@@ -79,6 +79,20 @@ def turbo() -> ModuleType:
     return module
 
 
+def preload(backend: str) -> bool:
+    """Import what decoding with `backend` needs, now, and say whether JPEGs go to libjpeg-turbo.
+
+    Called where the pipeline is built, before DataLoader workers fork: Pillow otherwise imports most of its
+    format plugins on the first image it cannot identify from the few it loads first (a WebP, say), and a
+    forked worker must not import lazily (`shardcache.forksafe`, rule 1).
+    """
+    pil().init()
+    if backend == "turbo":
+        turbo()
+        return True
+    return backend == "auto" and has_turbo()
+
+
 def has_turbo() -> bool:
     """Whether simplejpeg is installed (backend="auto" then decodes JPEGs with it)."""
     try:

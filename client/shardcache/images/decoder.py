@@ -22,7 +22,7 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, CorruptImageError
-from shardcache.images.codecs import BACKENDS, BadImage, decode_box, has_turbo, pil, read_header, turbo
+from shardcache.images.codecs import BACKENDS, BadImage, decode_box, preload, read_header
 from shardcache.images.crop import CROPS, crop_box, sample_rng
 from shardcache.images.deferred import DeferredImage
 
@@ -66,11 +66,7 @@ class ImageDecode:
             )
         # Import the codecs now, in the process that builds the pipeline: forked DataLoader workers then
         # inherit them instead of importing lazily (shardcache.forksafe, rule 1).
-        pil()
-        if self.backend == "turbo":
-            turbo()
-        use_turbo = self.backend == "turbo" or (self.backend == "auto" and has_turbo())
-        object.__setattr__(self, "use_turbo", use_turbo)
+        object.__setattr__(self, "use_turbo", preload(self.backend))
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         """The decoded sample, for `.map(decoder)`: crops from (seed or 0, `__key__`)."""
