@@ -329,6 +329,16 @@ def test_each_epoch_crops_change_with_the_epoch_and_not_with_the_workers(image_t
     assert sum(not np.array_equal(first[k], second[k]) for k in first) > len(first) // 2
 
 
+def test_each_epoch_crops_change_across_passes_of_persistent_workers(image_tars: list[str]) -> None:
+    decoder = images.decode("jpg", 32, seed=3)
+    ds = Dataset.from_source("tars", image_tars, daemon=None).assemble(decoder.each_epoch).select(["jpg"])
+    loader = TorchLoader(ds, num_workers=2, batch_size=4)  # persistent workers; each pass the next epoch
+    first, second = by_key(list(loader), "jpg"), by_key(list(loader), "jpg")
+    loader.close()
+    assert first.keys() == second.keys()
+    assert sum(not np.array_equal(first[k], second[k]) for k in first) > len(first) // 2
+
+
 def test_on_error_skip_drops_undecodable_samples_under_each_epoch(tmp_path: Path) -> None:
     good = encode(picture(100, 80))
     members = [(f"k{i}.jpg", good if i != 2 else good[:200]) for i in range(5)]
