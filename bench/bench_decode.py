@@ -17,9 +17,9 @@ machine's 2 cores are shared, so wall-clock rates swing with other jobs' load).
 - Pillow / turbo decode only: the whole image at full size, no crop or resize: what the decode alone costs
   (the rest of a row above is the crop and Pillow's resize, the same work on every backend).
 
-IPC: the bytes one sample costs to ship from a worker, pickled: the decoded 224x224x3 array against the
-deferred record (compressed bytes + crop box). In a DataLoader a collated tensor goes through shared memory
-rather than the pipe; the bytes copied are the same.
+IPC: the bytes one sample costs to ship from a worker: pickled alone (the decoded 224x224x3 array against
+the deferred record, compressed bytes + crop box), and as a DataLoader worker ships a collated batch (what
+torch's ForkingPickler writes to the queue's pipe plus the shared memory its tensors are moved to).
 
     .venv/bin/python -m bench.bench_decode                       # 32 images per size, 5 rounds
     .venv/bin/python -m bench.bench_decode --images 8 --rounds 2 # quick
@@ -34,6 +34,8 @@ import pickle
 import statistics
 import time
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import numpy as np
 import PIL
@@ -137,6 +139,27 @@ def ipc_bytes(datas: list[bytes]) -> tuple[float, float, float]:
     return statistics.mean(decoded), statistics.mean(records), statistics.mean(len(d) for d in datas)
 
 
+def queue_bytes(datas: list[bytes], batch: int = 32) -> tuple[float, float]:
+    """Bytes per sample a DataLoader worker ships for one collated batch, eager against deferred: what
+    torch's ForkingPickler writes to the worker queue's pipe plus the shared memory its tensors move to."""
+    import torch
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions, as DataLoader workers do)
+    from torch.utils.data import default_collate
+
+    def shipped(collated: Any) -> int:
+        pipe = len(ForkingPickler.dumps(collated))
+        tensors = [v for v in collated.values() if isinstance(v, torch.Tensor)]
+        tensors += [v for v in collated["jpg"] if isinstance(v, torch.Tensor)] if not tensors else []
+        return pipe + sum(t.untyped_storage().nbytes() for t in tensors)
+
+    # Distinct images only: pickle writes a repeated bytes object once.
+    batch = min(batch, len(datas))
+    samples = [{"__key__": f"{i:05d}", "jpg": d} for i, d in enumerate(datas[:batch])]
+    eager = default_collate([images.decode("jpg", OUT, seed=0)(s) for s in samples])
+    deferred = default_collate([images.decode("jpg", OUT, seed=0, defer=True)(s) for s in samples])
+    return shipped(eager) / batch, shipped(deferred) / batch
+
+
 def pin_one_core() -> int:
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
@@ -166,7 +189,12 @@ def main(argv: list[str] | None = None) -> None:
         decoded, record, jpeg = ipc_bytes(datas)
         print(
             f"  IPC bytes per sample: decoded {decoded:,.0f} B, deferred record {record:,.0f} B "
-            f"(JPEG {jpeg:,.0f} B): {decoded / record:.1f}x fewer"
+            f"(JPEG {jpeg:,.0f} B): decoded / deferred {decoded / record:.2f}x"
+        )
+        eager_q, deferred_q = queue_bytes(datas)
+        print(
+            f"  through a DataLoader queue (collated batches, pipe + shared memory): decoded "
+            f"{eager_q:,.0f} B, deferred {deferred_q:,.0f} B per sample: {eager_q / deferred_q:.2f}x"
         )
 
 
