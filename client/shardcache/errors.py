@@ -17,6 +17,7 @@ ShardcacheError
 │       └── InsufficientCapacity 507 the shard cannot fit in the cache
 ├── ShardError                           a shard cannot be read
 │   └── CorruptShardError                truncated or malformed shard (names the shard and member or line)
+│       └── CorruptImageError            an image field `shardcache.images` cannot decode (names the sample)
 ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
 ├── StateError (also ValueError)         a resume state does not fit this pipeline (alias: ResumeStateError)
 └── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
@@ -239,3 +240,44 @@ class UnsupportedResume(ShardcacheError, RuntimeError):
 
     def __init__(self, *args: object, code: str | None = "UnsupportedResume") -> None:
         super().__init__(*args, code=code)
+
+
+class CorruptImageError(CorruptShardError):
+    """An image field of a sample that `shardcache.images` cannot decode (truncated, not an image).
+
+    Names the shard (`__shard__`, when the sample has it), the sample's `__key__` and the field; a
+    CorruptShardError, so code that handles corrupt shards handles it too. Raised by the decode stage, after
+    the source read the sample: the source's `on_error="skip"` does not see it; the decoder's own
+    `on_error="skip"` drops the sample instead.
+
+    Built with `CorruptImageError.of(shard, key, field, detail)`. The constructor takes the message alone, as
+    torch's DataLoader rebuilds a worker's exception (`type(exc)(message)`): the trainer then gets this type
+    (with `key` and `field` None, the message still naming them) rather than a RuntimeError.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: str = "?",
+        key: str | None = None,
+        field: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        ShardError.__init__(self, message)
+        self.shard, self.detail, self.line = shard, detail if detail is not None else message, None
+        self.member = f"{key}.{field}" if key is not None and field is not None else None
+        self.key = key
+        self.field = field
+
+    @classmethod
+    def of(cls, shard: str, key: str, field: str, detail: str) -> CorruptImageError:
+        """The error for `sample[field]` of the sample `key` in `shard`, the codec's `detail` said."""
+        return cls(
+            f"corrupt image in shard {shard}, sample {key!r}, field {field!r}: {detail}. Re-create the "
+            f"sample, or decode with on_error='skip' (`.assemble(decoder.each_epoch)`) to drop such samples.",
+            shard=shard,
+            key=key,
+            field=field,
+            detail=detail,
+        )

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry", ("shardcache.cli", "shardcache.lightning", "shardcache.transformers")),
     ("facades", ("shardcache.dataset", "shardcache.loader")),
     ("pipeline", ("shardcache.pipeline", "shardcache.resume", "shardcache.snapshots")),
-    ("nodes", ("shardcache.sources", "shardcache.stages", "shardcache.mix")),
+    ("nodes", ("shardcache.sources", "shardcache.stages", "shardcache.mix", "shardcache.images")),
     ("daemon access", ("shardcache.daemon_access",)),
     (
         "base",
@@ -56,7 +56,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 # Third-party packages a user may not have installed (and the demo's modules, present in a clone only):
 # the only imports that may sit inside a function, besides client modules that need one of them.
-OPTIONAL = {"torch", "lance", "pyarrow", "s3fs", "zstandard", "trainer_demo"}
+OPTIONAL = {
+    "torch",
+    "lance",
+    "pyarrow",
+    "s3fs",
+    "zstandard",
+    "trainer_demo",
+    "PIL",
+    "simplejpeg",
+    "torchvision",
+}
 
 
 def module_name(path: Path) -> str:
