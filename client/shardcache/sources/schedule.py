@@ -271,7 +271,7 @@ class PlanTracker:
             try:
                 with forksafe.background_work():
                     urls = _dedupe_consecutive(urls_next())
-                    plan = client.register_plan(self.job, self.slot, epoch, urls)
+                    plan = client.register_plan(self.job, self.slot, epoch, urls, ahead=True)
                 self._following = None if plan is None else (epoch, plan)
             except BaseException as exc:  # noqa: BLE001 - raised again in the iterating thread (`_wait`)
                 self._failure = exc
