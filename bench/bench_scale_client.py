@@ -12,7 +12,8 @@ reader, and is the median of `--repeats` such processes:
 - `daemon`: the first sample through a real daemon (`--daemon`, W = 1,024 only unless `--daemon-w1`: a
   plan of every shard costs the daemon seconds at 10^6, which is the daemon's part of the issue);
 - `load`: `Dataset.load_state_dict` of a state taken after one sample, on a fresh Dataset (median of 5);
-- `uss`: a DataLoader worker's private memory (USS) after its first sample (2 fork workers, no daemon).
+- `uss`: a DataLoader worker's private memory (USS) after its first sample (rank W/2 of W, 2 fork workers,
+  no daemon).
 
 Ratios are the largest n over the smallest (for W = 1,024, the smallest n >= W), measured in this run
 (the machine is shared and noisy). `--baseline DIR` runs the readers with DIR's client first (e.g. an export
@@ -86,7 +87,7 @@ def child(args: argparse.Namespace) -> dict[str, float]:
     if args.what == "uss":
         import torch.utils.data
 
-        ds = Dataset.from_source("tars", urls, daemon=None, context=None).map(uss_mb)
+        ds = Dataset.from_source("tars", urls, daemon=None, context=ctx).map(uss_mb)
         loader: Any = torch.utils.data.DataLoader(ds, num_workers=2, batch_size=None)  # type: ignore[arg-type]
         seen: dict[int, float] = {}
         for sample in loader:
