@@ -206,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                             if daemon is not None and (world > 1 or args.daemon_w1):
                                 got = run_child(cache, n, world, "daemon", str(daemon.socket), client)
                                 runs.setdefault("daemon", []).append(got["daemon"])
-                            if args.uss and world == 1:
+                            if args.uss:
                                 runs.setdefault("uss", []).append(
-                                    run_child(cache, n, 1, "uss", None, client)["uss"]
+                                    run_child(cache, n, world, "uss", None, client)["uss"]
                                 )
                         results[label, n, world] = {k: statistics.median(v) for k, v in runs.items()}
                         print(
