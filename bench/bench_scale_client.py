@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                             if daemon is not None and (world > 1 or args.daemon_w1):
                                 got = run_child(cache, n, world, "daemon", str(daemon.socket), client)
                                 runs.setdefault("daemon", []).append(got["daemon"])
-                            if args.uss:
+                            if args.uss and n >= 2 * world:  # 2 workers per rank: 2W slots
                                 runs.setdefault("uss", []).append(
                                     run_child(cache, n, world, "uss", None, client)["uss"]
                                 )
