@@ -49,4 +49,9 @@ def shards_hash(urls: Sequence[str], seed: int) -> str:
 
 def default_job(urls: Sequence[str], seed: int) -> str:
     """`SHARDCACHE_JOB`, else `<script>-<hash>` (see the module docstring)."""
-    return os.environ.get(JOB_ENV) or f"{script_name()}-{shards_hash(urls, seed)}"
+    return job_named(shards_hash(urls, seed))
+
+
+def job_named(digest: str) -> str:
+    """`SHARDCACHE_JOB`, else `<script>-<digest>`: `default_job` for a `shards_hash` computed already."""
+    return os.environ.get(JOB_ENV) or f"{script_name()}-{digest}"

@@ -93,6 +93,14 @@ def _is_manifest(item: str, data_suffix: str | None) -> bool:
     return item.endswith(".jsonl") and data_suffix != ".jsonl"
 
 
+def _expanded(text: str) -> Iterable[str]:
+    """`braceexpand` of `text`; a text without braces or escapes is itself (a list of 10^6 plain URLs
+    would otherwise spend most of its expansion parsing patterns that are not there)."""
+    if "{" not in text and "}" not in text and "\\" not in text:
+        return (text,)
+    return braceexpand.braceexpand(text)  # type: ignore[no-any-return]
+
+
 def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef]:
     """Expand a shard spec into an ordered list of shards.
 
@@ -127,7 +135,7 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
             continue
         if not isinstance(item, (str, os.PathLike)):
             raise ConfigError(f"shards: {item!r} is not a path or URL")
-        for text in braceexpand.braceexpand(os.fspath(item)):
+        for text in _expanded(os.fspath(item)):
             if _is_manifest(text, data_suffix):
                 refs.extend(read_manifest(text))
             elif any(c in text for c in _GLOB_CHARS):

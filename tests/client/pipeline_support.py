@@ -5,11 +5,25 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from shardcache import Dataset, RuntimeContext
+
+PLANS_DEADLINE_S = 30.0
+
+
+def plans_when(client: Any, count: int) -> list[dict[str, Any]]:
+    """The daemon's plans, by epoch, once it holds `count` of them (or the deadline passed): a slot
+    registers its next epoch's plan from a background thread, shortly after its first sample."""
+    deadline = time.monotonic() + PLANS_DEADLINE_S
+    while True:
+        plans = sorted(client.plans(), key=lambda plan: plan["epoch"])
+        if len(plans) >= count or time.monotonic() > deadline:
+            return plans
+        time.sleep(0.02)  # polling the daemon with a deadline, not waiting for readiness blindly
 
 
 def write_tar(path: Path, members: Iterable[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT) -> Path:

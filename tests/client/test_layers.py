@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "shardcache.frameworks",
             "shardcache.jobs",
             "shardcache.log",
+            "shardcache.memo",
             "shardcache.mesh",
             "shardcache.shards",
             "shardcache_protocol",

@@ -19,9 +19,10 @@ def test_a_plan_over_the_daemons_bound_is_logged_once_and_reads_go_on(
     with DaemonClient(daemon.socket, required=True) as client:
         tracker = PlanTracker(client, "job", 0)
         with caplog.at_level(logging.WARNING, logger="shardcache.sources.schedule"):
-            assert tracker.start(0, paths, paths) is None
+            assert tracker.start(0, paths, lambda: paths) is None
             assert not tracker.stale()  # no re-registration before every shard
-            assert tracker.start(1, paths, paths) is None
+            assert tracker.start(1, paths, lambda: paths) is None
+            tracker.close()  # waits for the next epoch's registration, made in the background
         refusals = [r for r in caplog.records if "refused the plan" in r.getMessage()]
         assert len(refusals) == 1 and "--max-plan-urls" in refusals[0].getMessage()
         with client.open(paths[0]) as shard:

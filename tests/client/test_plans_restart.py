@@ -8,7 +8,7 @@ from pathlib import Path
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.sources.schedule import slot_order
-from tests.client.pipeline_support import keys, make_tars
+from tests.client.pipeline_support import keys, make_tars, plans_when
 
 DEADLINE_S = 30.0
 
@@ -45,7 +45,7 @@ def test_a_daemon_killed_and_restarted_mid_epoch_gets_the_remaining_plan_and_pre
     assert observer.plans() == []
     got += [next(it)["__key__"] for _ in range(3)]  # the open of the third shard reaches the new daemon
 
-    plans = sorted(observer.plans(), key=lambda plan: plan["epoch"])
+    plans = plans_when(observer, 2)
     assert [(p["slot"], p["epoch"], p["len"]) for p in plans] == [(0, 0, len(order) - 3), (0, 1, len(order))]
     assert set(order[3:]) <= wait_until_resident(observer, order[3:])
     got += [sample["__key__"] for sample in it]
@@ -80,7 +80,7 @@ def test_a_client_that_fell_back_to_direct_reads_registers_its_plans_when_the_da
     observer = DaemonClient(str(socket), required=True)
     got += [next(it)["__key__"] for _ in range(3)]  # the fourth shard's open reaches the daemon again
 
-    plans = sorted(observer.plans(), key=lambda plan: plan["epoch"])
+    plans = plans_when(observer, 2)
     assert [(p["epoch"], p["len"]) for p in plans] == [(0, len(order) - 4), (1, len(order))]
     assert set(order[4:]) <= wait_until_resident(observer, order[4:])
     got += [sample["__key__"] for sample in it]

@@ -345,8 +345,14 @@ class DaemonClient(DaemonAvailability):
         held = self._transport.take_releases()
         return {RELEASE_HEADER: ",".join(held)} if held else None
 
-    def register_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str | None:
+    def register_plan(
+        self, job: str, slot: int, epoch: int, urls: Sequence[str], *, ahead: bool = False
+    ) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
+
+        `ahead`: a plan for later (the next epoch), registered from another thread than the one opening
+        shards: it goes over the control connection only, so it opens no connection that `generation`
+        would count as a reconnect.
 
         Raises:
             DaemonUnavailable: no daemon answers and `required=True`.
@@ -357,7 +363,8 @@ class DaemonClient(DaemonAvailability):
         def send() -> Response:
             # The plan belongs to the current `generation`: the open path's connection is made first, so the
             # open that follows this registration does not look like a reconnect to a restarted daemon.
-            self._transport.connect()
+            if not ahead:
+                self._transport.connect()
             return self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
 
         answer = self._through_restarts(lambda: send().raise_for_status())

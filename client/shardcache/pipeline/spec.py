@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardcache.context import RuntimeContext
+from shardcache.memo import IdentityMemo
 from shardcache.resume.check import pipeline_parts
 from shardcache.sources import SourceNode, SourceSpec, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
@@ -28,6 +29,9 @@ from shardcache.stages import CacheStage, Node, Stage
 # How a pipeline becomes one slot's node chain (`shardcache.pipeline.build.build`), handed to the parts that
 # build pipelines of their own below it (a mix's members, a `.cache()` boundary before another).
 NodeBuilder = Callable[["PipelineSpec", RuntimeContext], Node]
+
+_FINGERPRINTS: IdentityMemo[str] = IdentityMemo()
+_PARTS: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,15 @@ class PipelineSpec:
         return "\n".join([self.source.describe(), *(stage.describe() for stage in self.stages)])
 
     def fingerprint(self) -> str:
-        """A stable hash of the source and stage list (what a resume state must match)."""
-        return hashlib.sha256(self.describe().encode()).hexdigest()[:32]
+        """A stable hash of the source and stage list (what a resume state must match); memoised per spec,
+        since its description lists every shard URL."""
+        return _FINGERPRINTS.get(
+            self, None, lambda: hashlib.sha256(self.describe().encode()).hexdigest()[:32]
+        )
 
     def parts(self) -> list[str]:
         """Short descriptions of the source and each stage, carried in states (`shardcache.resume.check`)."""
-        return pipeline_parts(self.source, self.stages)
+        return list(_PARTS.get(self, None, lambda: tuple(pipeline_parts(self.source, self.stages))))
 
     @property
     def composed(self) -> bool:

@@ -17,9 +17,10 @@ corrupt shards.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -83,11 +84,11 @@ class SourceNode(Node):
 
     # -- what subclasses provide ----------------------------------------------------------------------------
 
-    def units(self) -> list[Unit]:
+    def units(self) -> Sequence[Unit]:
         """Every unit of the source, in a fixed order."""
         raise NotImplementedError
 
-    def order(self, units: list[Unit], round_index: int) -> list[int]:
+    def order(self, units: Sequence[Unit], round_index: int) -> list[int]:
         """Indices of the units this slot reads in `round_index` of the current epoch."""
         return slot_order(len(units), self.ctx, self.epoch, round_index, self.spec.shuffles_units)
 
@@ -132,13 +133,13 @@ class SourceNode(Node):
         """Whether `shardcache.sources.partition` plans this reader (else the kind's own `order`)."""
         return self.origin is not None or (self.partitionable and self.partitioning.layered)
 
-    def slot_pieces(self, units: list[Unit], round_index: int) -> list[Piece]:
+    def slot_pieces(self, units: Sequence[Unit], round_index: int) -> list[Piece]:
         """What this slot reads in `round_index` of the current epoch, in reading order."""
         if not self.partitioned:
             return [Piece(u) for u in self.order(units, round_index)]
         return self.plan(units, round_index)[self.ctx.slot]
 
-    def plan(self, units: list[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
+    def plan(self, units: Sequence[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
         """Every slot's pieces in this epoch and round under this reader's layout."""
 
         part = self.partitioning
@@ -159,7 +160,7 @@ class SourceNode(Node):
             fixed_owner=self.fixed_owner(units),
         )
 
-    def fixed_owner(self, units: list[Unit]) -> list[int] | None:
+    def fixed_owner(self, units: Sequence[Unit]) -> list[int] | None:
         """Each unit's node group when a larger dataset decided it (`node_owners`, set by mini_epochs)."""
         pairs = self.spec.hints.node_owners
         if not pairs:
@@ -170,7 +171,7 @@ class SourceNode(Node):
             return None  # decided for another layout: plan this dataset on its own
         return [owner.get(u.ref.url, 0) for u in units]
 
-    def weights(self, units: list[Unit]) -> tuple[float, ...]:
+    def weights(self, units: Sequence[Unit]) -> tuple[float, ...]:
         """Node-placement weights of the units (metadata only: see `partition.weights_of`)."""
         return weights_of([u.count for u in units], [u.ref.size for u in units])
 
@@ -193,11 +194,9 @@ class SourceNode(Node):
             while True:
                 pieces = self.slot_pieces(units, self.round)
                 plan_epoch_index = self.epoch if not resample else self.epoch + self.round
-                tracker.start(
-                    plan_epoch_index,
-                    self._urls(units, pieces),
-                    self._next_urls(units) if tracker.client is not None else [],
-                )
+                # The next plan is computed and announced in the background: the first sample waits for
+                # this epoch's plan only (see PlanTracker.start).
+                tracker.start(plan_epoch_index, self._urls(units, pieces), self._next_urls(units))
 
                 def resync(after: int, pieces: list[Piece] = pieces, epoch: int = plan_epoch_index) -> None:
                     # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
@@ -264,22 +263,23 @@ class SourceNode(Node):
             self.skipped_shards,
         )
 
-    def _urls(self, units: list[Unit], pieces: Sequence[Piece]) -> list[str]:
+    def _urls(self, units: Sequence[Unit], pieces: Sequence[Piece]) -> list[str]:
         return [url for p in pieces for url in self.opened_urls(units[p.unit])]
 
-    def _next_urls(self, units: list[Unit]) -> list[str]:
-        """What this slot opens after the current epoch (or round): the daemon's "next" plan."""
+    def _next_urls(self, units: Sequence[Unit]) -> Callable[[], list[str]]:
+        """What this slot opens after the current epoch (or round), the daemon's "next" plan, as a function
+        that computes it later (in PlanTracker's background thread): it reads a copy of this node's position
+        taken now, never the node itself, which goes on iterating meanwhile."""
+        ahead = copy.copy(self)
+        ahead._it = None  # a snapshot of the position, never iterated
         if self.spec.resample:
-            return self._urls(units, self.slot_pieces(units, self.round + 1))
+            ahead.round = self.round + 1
+            return lambda: ahead._urls(units, ahead.slot_pieces(units, ahead.round))
         following = self.spec.hints.plan_following
         if following is not None:
-            return [url for epoch, urls in following for url in self.plan_urls(urls, epoch)]
-        saved, origin = self.epoch, self.origin
-        self.epoch, self.origin = saved + 1, None
-        try:
-            return self._urls(units, self.slot_pieces(units, 0))
-        finally:
-            self.epoch, self.origin = saved, origin
+            return lambda: [url for epoch, urls in following for url in ahead.plan_urls(urls, epoch)]
+        ahead.epoch, ahead.origin = self.epoch + 1, None
+        return lambda: ahead._urls(units, ahead.slot_pieces(units, 0))
 
     def plan_urls(self, urls: Sequence[str], epoch: int) -> list[str]:
         """The urls this slot would open reading a dataset of the same kind over `urls` at `epoch`.

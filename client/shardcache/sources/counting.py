@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,7 +88,7 @@ class Countable(Protocol):
     @property
     def partitioning(self) -> Partitioning: ...
 
-    def weights(self, units: list[Unit]) -> tuple[float, ...]: ...
+    def weights(self, units: Sequence[Unit]) -> tuple[float, ...]: ...
 
     def count(self, unit: Unit) -> int: ...
 
@@ -97,7 +97,7 @@ def unit_key(unit: Unit) -> str:
     return unit.ref.url if unit.part == 0 else f"{unit.ref.url}#{unit.part}"
 
 
-def unit_counts(node: Countable, units: list[Unit]) -> list[int]:
+def unit_counts(node: Countable, units: Sequence[Unit]) -> list[int]:
     """Every unit's sample count: from metadata, from earlier counting, else by counting now."""
     counts = node.facts.counts
     missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
@@ -106,7 +106,7 @@ def unit_counts(node: Countable, units: list[Unit]) -> list[int]:
     return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
 
 
-def _count(node: Countable, units: list[Unit], missing: list[int]) -> None:
+def _count(node: Countable, units: Sequence[Unit], missing: list[int]) -> None:
     ctx = node.ctx
     dist = torch_distributed() if in_main_process() else None
     # The collective only where the reader's context is the process group's (not a job of one process,

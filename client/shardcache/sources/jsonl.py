@@ -68,7 +68,7 @@ class JsonlSource(SourceNode):
         total = self.ctx.total_slots
         return [Unit(ref, part) for ref in self.spec.shards for part in range(total)]
 
-    def order(self, units: list[Unit], round_index: int) -> list[int]:
+    def order(self, units: Sequence[Unit], round_index: int) -> list[int]:
         total = self.ctx.total_slots
         n = len(self.spec.shards)
         shuffled = self.spec.shuffles_units  # shuffle_mode="none": files in source order

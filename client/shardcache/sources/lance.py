@@ -185,7 +185,8 @@ class LanceSource(SourceNode):
             self.mode = "global"
         return self._chunks
 
-    def order(self, units: list[Unit], round_index: int) -> list[int]:
+    def order(self, units: Sequence[Unit], round_index: int) -> list[int]:
+        assert isinstance(units, list), "lance refills its own copy of the unit list (see select_units)"
         units.clear()
         batch = self.options.batch_size
         refs = self.spec.shards

@@ -9,6 +9,7 @@ becomes the pieces the new layout plans. Pure arithmetic over pieces and plans; 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext
@@ -42,7 +43,7 @@ class Replaying(Protocol):
     @property
     def ctx(self) -> RuntimeContext: ...
 
-    def weights(self, units: list[Unit]) -> tuple[float, ...]: ...
+    def weights(self, units: Sequence[Unit]) -> tuple[float, ...]: ...
 
 
 def needs_counts(origin: dict[str, Any] | None) -> bool:
@@ -62,7 +63,7 @@ def needs_counts(origin: dict[str, Any] | None) -> bool:
 
 
 def remaining_pieces(
-    node: Replaying, units: list[Unit], origin: dict[str, Any], counts: list[int] | None
+    node: Replaying, units: Sequence[Unit], origin: dict[str, Any], counts: list[int] | None
 ) -> list[Piece]:
     """What the epoch described by `origin` had left, as pieces of `units` (see `resume.elastic`)."""
     whole = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]

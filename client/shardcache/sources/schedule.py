@@ -5,9 +5,10 @@ slot s takes the positions i with (round * n + i) % total_slots == s, so without
 by exactly one slot per epoch, and with resampling successive rounds rotate units across slots.
 
 Plans (the client side of the daemon's Belady planner): when a slot starts an epoch it registers its ordered
-shard URLs for this epoch and the next, opens shards with the current plan id, and deletes the plan when
-the epoch's iteration ends; the next epoch's plan stays when the epoch ran to its end (the next iteration
-re-registers it, keeping its cursor, and the daemon expires plans nobody uses). Nothing here runs with
+shard URLs for this epoch and the next (the next one from a background thread: `PlanTracker`), opens
+shards with the current plan id, and deletes the plan when the epoch's iteration ends; the next epoch's
+plan stays when the epoch ran to its end (the next iteration re-registers it, keeping its cursor, and the
+daemon expires plans nobody uses). Nothing here runs with
 `daemon=None`.
 
 `shuffle_mode` (mvp-dataset 0.2.3's source option, tars/jsonl/parquet) picks the unit order: the kind's
@@ -25,21 +26,27 @@ instead of the same shards at epoch + 1, so the daemon prefetches the next chunk
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardcache import forksafe
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, DaemonRequestError
-from shardcache.jobs import default_job
+from shardcache.jobs import default_job, job_named, shards_hash
+from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.lance_order import fingerprint_neutral
-from shardcache.sources.partition import permutation
+from shardcache.sources.partition import shuffled
 
 logger = logging.getLogger(__name__)
 
 # The daemon refuses a plan longer than its `--max-plan-urls` (413): the slot reads on without a plan.
 PLAN_TOO_LARGE = "plan_too_large"
+
+NextUrls = Callable[[], Sequence[str]]
+"""The next epoch's (or round's) order of a slot, computed when called (`PlanTracker`'s thread calls it)."""
 
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
@@ -129,10 +136,17 @@ def check_plan_options(options: dict[str, Any]) -> None:
 def slot_order(
     n: int, ctx: RuntimeContext, epoch: int, round_index: int = 0, shuffle: bool = True
 ) -> list[int]:
-    """Indices of the units slot `ctx.slot` reads in this epoch and round, in reading order."""
-    order = permutation(n, ctx.seed, epoch, round_index) if shuffle else list(range(n))
+    """Indices of the units slot `ctx.slot` reads in this epoch and round, in reading order: the positions
+    i of the epoch's order with (round * n + i) % total_slots == slot (a slice: O(n / total_slots) once the
+    order is known)."""
     total, slot, base = ctx.total_slots, ctx.slot, round_index * n
-    return [u for i, u in enumerate(order) if (base + i) % total == slot]
+    first = (slot - base) % total
+    if not shuffle:
+        return list(range(first, n, total))
+    return shuffled(n, ctx.seed, epoch, round_index)[first::total].tolist()  # type: ignore[no-any-return]
+
+
+_SHARD_HASHES: IdentityMemo[str] = IdentityMemo()
 
 
 def job_id(urls: Sequence[str], seed: int) -> str:
@@ -141,8 +155,15 @@ def job_id(urls: Sequence[str], seed: int) -> str:
 
 
 def source_job(job: str | None, shards: Sequence[ShardRef], seed: int) -> str:
-    """The daemon job id a source's plans and reports go under: its `job` hint, else its shards'."""
-    return job if job else job_id([ref.url for ref in shards], seed)
+    """The daemon job id a source's plans and reports go under: its `job` hint, else its shards'.
+
+    The shards' hash is memoised per shard list (by identity): every reader, telemetry report and epoch
+    of a dataset asks for it, and at 10^6 shards it costs a pass over every URL.
+    """
+    if job:
+        return job
+    digest = _SHARD_HASHES.get(shards, seed, lambda: shards_hash([ref.url for ref in shards], seed))
+    return job_named(digest)
 
 
 def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:
@@ -154,7 +175,13 @@ def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:
 
 
 class PlanTracker:
-    """Registers one slot's plans for the current and next epoch (or round) and deletes them when done."""
+    """Registers one slot's plans for the current and next epoch (or round) and deletes them when done.
+
+    The current plan is registered before the first shard opens; the next one is computed and registered
+    by a background thread (`start`), so a reader's first sample waits for its own epoch's order only.
+    That thread works inside `forksafe.background_work()` (a fork waits for it), and every method that
+    touches the next plan first waits for it; an error it met is raised there, in the iterating thread.
+    """
 
     def __init__(self, client: DaemonClient | None, job: str, slot: int) -> None:
         self.client = client
@@ -163,11 +190,14 @@ class PlanTracker:
         self.current: str | None = None
         self._following: tuple[int, str] | None = None
         self._generation = -1  # the client's connection generation when the plans were last registered
+        self._announcing: threading.Thread | None = None
+        self._failure: BaseException | None = None
         self._refused = False  # the daemon refused this epoch's plan as too long: read on without one
         self._warned = False
 
-    def start(self, epoch: int, urls_now: Sequence[str], urls_next: Sequence[str]) -> str | None:
-        """Announce this epoch's and the next epoch's orders; the current plan id (None: no daemon)."""
+    def start(self, epoch: int, urls_now: Sequence[str], urls_next: NextUrls) -> str | None:
+        """Announce this epoch's order now and the next epoch's (`urls_next()`) in the background; the
+        current plan id (None: no daemon)."""
         if self.client is None:
             return None
         self.finish()
@@ -175,12 +205,12 @@ class PlanTracker:
         if self._following is not None and self._following[0] == epoch:
             # The plan announced as "next" during the previous epoch becomes the current one.
             self.current = self._following[1]
+            self._following = None
         else:
             self._drop_following()
             self.current = self._register(epoch, urls_now)
-        following = self._register(epoch + 1, urls_next)
-        self._following = None if following is None else (epoch + 1, following)
         self._generation = self.client.generation
+        self._announce_following(epoch + 1, urls_next)
         logger.debug(
             "registered plan %s for job %s slot %d epoch %d", self.current, self.job, self.slot, epoch
         )
@@ -195,14 +225,14 @@ class PlanTracker:
             return False
         return (self.current is None and not self._refused) or client.generation != self._generation
 
-    def _register(self, epoch: int, urls: Sequence[str]) -> str | None:
+    def _register(self, epoch: int, urls: Sequence[str], *, ahead: bool = False) -> str | None:
         """Register one plan; None without a daemon, or when the daemon refused it as too long (logged
         once: reads go on through the daemon, only without prefetch for this slot)."""
         client = self.client
         if client is None:
             return None
         try:
-            return client.register_plan(self.job, self.slot, epoch, _dedupe_consecutive(urls))
+            return client.register_plan(self.job, self.slot, epoch, _dedupe_consecutive(urls), ahead=ahead)
         except DaemonRequestError as exc:
             if exc.code != PLAN_TOO_LARGE:
                 raise
@@ -219,7 +249,7 @@ class PlanTracker:
                 )
             return None
 
-    def resync(self, epoch: int, urls_remaining: Sequence[str], urls_next: Sequence[str]) -> str | None:
+    def resync(self, epoch: int, urls_remaining: Sequence[str], urls_next: NextUrls) -> str | None:
         """Register this epoch's remaining order and the next epoch's again; the current plan id.
 
         The remaining order, not the whole epoch: a daemon that restarted would otherwise prefetch (and
@@ -228,10 +258,11 @@ class PlanTracker:
         """
         if self.client is None:
             return None
+        self._wait()
         self.current = self._register(epoch, urls_remaining)
+        self._generation = self.client.generation
         if self.current is not None:
-            following = self._register(epoch + 1, urls_next)
-            self._following = None if following is None else (epoch + 1, following)
+            self._announce_following(epoch + 1, urls_next)
             logger.info(
                 "re-registered the plans of job %s slot %d epoch %d with the daemon (%d shards left)",
                 self.job,
@@ -239,25 +270,55 @@ class PlanTracker:
                 epoch,
                 len(urls_remaining),
             )
-        self._generation = self.client.generation
         return self.current
 
     def finish(self) -> None:
         """The epoch's iteration ended: delete its plan; the next epoch's plan stays for the daemon to see."""
+        self._wait()
         if self.client is not None and self.current is not None:
             self.client.delete_plan(self.current)
         self.current = None
 
     def keep_following(self) -> None:
         """The iteration ran to its end: leave the next plan registered for the daemon (see the module)."""
+        self._wait()
         self._following = None
 
     def close(self) -> None:
         """Delete every plan this tracker still holds (quietly when the daemon is gone)."""
-        self.finish()
-        self._drop_following()
+        try:
+            self.finish()
+        finally:
+            self._drop_following()
+
+    def _announce_following(self, epoch: int, urls_next: NextUrls) -> None:
+        client = self.client
+        assert client is not None
+
+        def announce() -> None:
+            try:
+                with forksafe.background_work():
+                    plan = self._register(epoch, urls_next(), ahead=True)
+                self._following = None if plan is None else (epoch, plan)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the iterating thread (`_wait`)
+                self._failure = exc
+
+        self._announcing = threading.Thread(
+            target=announce, name=f"shardcache-plan-{self.job}-{self.slot}-{epoch}", daemon=True
+        )
+        self._announcing.start()
+
+    def _wait(self) -> None:
+        """Wait for the next plan's announcement; raise what it failed with."""
+        thread, self._announcing = self._announcing, None
+        if thread is not None:
+            thread.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def _drop_following(self) -> None:
+        self._wait()
         if self.client is not None and self._following is not None:
             self.client.delete_plan(self._following[1])
         self._following = None

@@ -12,6 +12,7 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.formatting import callable_name
+from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.lance_order import shown as lance_shown
 from shardcache.sources.opener import DaemonSetting
@@ -19,6 +20,7 @@ from shardcache.sources.options import PlanHints
 from shardcache.sources.schedule import order_neutral, shuffles_units
 
 ON_ERROR = ("raise", "skip")
+_DESCRIPTIONS: IdentityMemo[str] = IdentityMemo()
 
 
 def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
@@ -59,7 +61,11 @@ class SourceSpec:
         return shuffles_units(self.kind, self.options)
 
     def describe(self) -> str:
-        """A stable description (no object ids) used for state and cache fingerprints."""
+        """A stable description (no object ids) used for state and cache fingerprints (memoised per spec:
+        it lists every shard URL, and a resume checks it several times)."""
+        return _DESCRIPTIONS.get(self, None, self._describe)
+
+    def _describe(self) -> str:
 
         def show(value: Any, name: str = "") -> str:
             canonical = lance_shown(name, value) if self.kind == "lance" else None

@@ -276,7 +276,7 @@ def select_rows(count: int, subset: Subset | None, split_order: SplitOrder | Non
     return kept
 
 
-def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list[Any]:
+def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> Sequence[Any]:
     """The units of a source a subset keeps (the reader-side hook, for unit lists built at iteration).
 
     Parquet row groups are weighted by their row count (`Unit.count`). Shard-level kinds (tars, jsonl) were
@@ -286,7 +286,8 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> list
         ConfigError: the subset keeps no unit (name the source's kind and what to change).
     """
     if not subset or kind in SHARD_LEVEL or kind in ROW_LEVEL:
-        return list(units)
+        # A list is copied (a kind may refill its copy per epoch: lance); a lazy one stays lazy (tars).
+        return list(units) if isinstance(units, list) else units
     sizes = [1 if getattr(u, "count", None) is None else int(u.count) for u in units]
     kept = [units[i] for i in select(sizes, subset)]
     if units and not kept:

@@ -21,7 +21,7 @@ from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.counting import unit_key
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Unit
+from shardcache.sources.partition import ShardUnits, Unit
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
 logger = logging.getLogger(__name__)
@@ -74,14 +74,14 @@ class TarsSource(SourceNode):
             isinstance(exc, CorruptShardError) and self.options.on_corrupt == "skip"
         )
 
-    def units(self) -> list[Unit]:
+    def units(self) -> Sequence[Unit]:
         shards = self.spec.shards
         if len(shards) < self.ctx.total_slots and not self.partitioned:
             raise ConfigError(
                 f"shards: {len(shards)} tar shards cannot feed {self.ctx.total_slots} slots "
                 f"(ranks x workers); give at least one shard per slot or use fewer workers"
             )
-        return [Unit(ref, count=ref.num_samples) for ref in shards]
+        return ShardUnits(shards)
 
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
         level = key_dot_level()
