@@ -25,6 +25,8 @@ ShardcacheError
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 
@@ -43,6 +45,36 @@ class ShardcacheError(Exception):
             args = (f"[{code}] {args[0]}", *args[1:]) if args else (f"[{code}]",)
             self.code = code
         super().__init__(*args)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # torch's DataLoader re-raises a worker's exception as `type(exc)(message)` and falls back to a
+        # RuntimeError when that call fails: every error whose constructor needs more than a message would
+        # reach the trainer untyped (`except CorruptShardError` would miss it). Accept the message alone;
+        # the fields the constructor would set from its parameters (`url`, `shard`, ...) are then None (the
+        # message still names them).
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_accepts_message", False):
+            return
+        fields = [
+            name
+            for name in inspect.signature(init).parameters
+            if name != "self" and not hasattr(cls, name)  # a class-level `code` keeps its value
+        ]
+
+        @functools.wraps(init)
+        def __init__(self: ShardcacheError, *args: Any, **kw: Any) -> None:
+            try:
+                init(self, *args, **kw)
+            except TypeError:
+                if kw or len(args) != 1 or not isinstance(args[0], str):
+                    raise
+                Exception.__init__(self, args[0])
+                for name in fields:
+                    setattr(self, name, None)
+
+        __init__._accepts_message = True  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
 
     def __reduce__(self) -> Any:
         # Keeps `code` across pickling (DataLoader workers, multiprocessing), which passes only `args`.
