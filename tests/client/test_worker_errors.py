@@ -8,6 +8,7 @@ ShardNotFound, ...) arrived as a RuntimeError, so `except CorruptShardError` in 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
@@ -30,7 +31,8 @@ def test_a_corrupt_shard_in_a_torchloader_worker_raises_corrupt_shard_error(corr
 
 
 def test_a_corrupt_shard_in_a_plain_dataloader_worker_raises_corrupt_shard_error(corrupt_jsonl: str) -> None:
-    loader = DataLoader(Dataset.from_source("jsonl", [corrupt_jsonl], daemon=None), num_workers=1)
+    dataset: Any = Dataset.from_source("jsonl", [corrupt_jsonl], daemon=None)  # an IterableDataset to torch
+    loader: DataLoader[Any] = DataLoader(dataset, num_workers=1)
     with pytest.raises(CorruptShardError, match="bad.jsonl"):
         list(loader)
 
@@ -46,7 +48,9 @@ def test_a_missing_shard_in_a_worker_raises_shard_not_found(tmp_path: Path) -> N
 
 
 def test_an_error_rebuilt_from_its_message_alone_has_its_fields_none() -> None:
-    rebuilt = CorruptShardError("corrupt shard s3://b/x.tar: truncated")
+    rebuild: Any = CorruptShardError  # as torch does: type(exc)(message)
+    rebuilt = rebuild("corrupt shard s3://b/x.tar: truncated")
+    assert isinstance(rebuilt, CorruptShardError)
     assert str(rebuilt) == "corrupt shard s3://b/x.tar: truncated"
-    assert (rebuilt.shard, rebuilt.detail, rebuilt.member, rebuilt.line) == (None, None, None, None)
+    assert [rebuilt.shard, rebuilt.detail, rebuilt.member, rebuilt.line] == [None, None, None, None]
     assert CorruptShardError("s3://b/x.tar", "truncated").shard == "s3://b/x.tar"
