@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check daemon client protocol tests bench examples scripts
-	$(VENV)/bin/ruff format --check daemon client protocol tests bench examples scripts
+	$(VENV)/bin/ruff check daemon client protocol tests bench harness examples scripts
+	$(VENV)/bin/ruff format --check daemon client protocol tests bench harness examples scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

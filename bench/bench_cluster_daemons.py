@@ -5,8 +5,8 @@ simulated node runs its own real `shardcached` (own cache dir, socket and metric
 `headroom` x that node's share of the dataset in bytes under node placement), and each rank is its own
 process reading through its node's daemon with an explicit `RuntimeContext` (a `required` daemon client: a
 rank never reads S3 itself, so every byte read is counted by some daemon). The cluster, the daemons and the
-rank processes are the ones `tests/cluster/` builds (`tests.support.cluster.NodeSet`,
-`tests.support.cluster_ranks.run_cluster`).
+rank processes are the ones `tests/cluster/` builds (`harness.cluster.NodeSet`,
+`harness.cluster_ranks.run_cluster`).
 
 Epochs run in lockstep (a barrier opens each one, as DDP steps would). Every mode starts fresh daemons with
 empty caches over the same objects:
@@ -43,13 +43,13 @@ from typing import Any
 
 import boto3
 
+from harness.cluster import Node, NodeSet, rank_process_context
+from harness.cluster_ranks import Rank, run_cluster
+from harness.devservers import start_s3_server
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.shards import ShardRef
 from shardcache.sources.partition import owners, weights_of
-from tests.support.cluster import Node, NodeSet, rank_process_context
-from tests.support.cluster_ranks import Rank, run_cluster
-from tests.support.devservers import start_s3_server
 
 DEADLINE_S = 600.0
 MODES: dict[str, dict[str, Any]] = {

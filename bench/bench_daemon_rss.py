@@ -26,7 +26,7 @@ import boto3
 import psutil
 from boto3.s3.transfer import TransferConfig
 
-from tests.support.devservers import start_daemon, start_s3_server
+from harness.devservers import start_daemon, start_s3_server
 
 MiB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """A trainer killed while holding shards, and a client that never closes them: what another job pays.
 
-A cache of 10 shards; a trainer process (tests/daemon/lease_holder.py) opens 10 shards under its plan and
+A cache of 10 shards; a trainer process (harness/lease_holder.py) opens 10 shards under its plan and
 blocks. Three runs, each on a fresh daemon with default settings (`--evict-wait-s 10`, `--lease-ttl-s
 300`, `--max-job-pinned 50%`):
 
@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 import shardcache
+from harness.daemon_api import api
+from harness.devservers import Daemon, start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.daemon_api import api
-from tests.support.devservers import Daemon, start_daemon
 
-HOLDER = Path(__file__).parents[1] / "tests" / "daemon" / "lease_holder.py"
+HOLDER = Path(__file__).parents[1] / "harness" / "lease_holder.py"
 
 
 def pinned(daemon: Daemon) -> int:

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import shardcache
+from harness.daemon_api import metric
+from harness.devservers import start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.direct import open_direct
-from tests.support.daemon_api import metric
-from tests.support.devservers import start_daemon
 
 MIB = 1024 * 1024
 

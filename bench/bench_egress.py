@@ -32,8 +32,8 @@ from pathlib import Path
 import boto3
 import httpx
 
-from bench.belady_sim import Access, lru_fetches, min_fetches
-from tests.support.devservers import Daemon, S3Server, start_daemon, start_s3_server
+from harness.belady_sim import Access, lru_fetches, min_fetches
+from harness.devservers import Daemon, S3Server, start_daemon, start_s3_server
 
 KIB = 1024
 

@@ -1,6 +1,6 @@
 """How often the plain training script hangs: N fresh interpreters per start method, the daemon running.
 
-Each run is `tests/client/user_script.py` (tar shards on local disk, `TorchLoader(ds, num_workers=2,
+Each run is `harness/user_script.py` (tar shards on local disk, `TorchLoader(ds, num_workers=2,
 batch_size=8)`, 4 epochs, pin_memory) in its own interpreter, two at a time; a run still going after
 `--timeout-s` is counted as hung and its process tree is killed. `--checkout DIR` runs the same script
 against another checkout of the repository (e.g. a `git worktree` of an older commit), to count before
@@ -22,9 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.client.pipeline_support import make_tars
-from tests.support.devservers import start_daemon
-from tests.support.watchdog import kill_tree
+from harness.devservers import start_daemon
+from harness.pipelines import make_tars
+from harness.watchdog import kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def main() -> None:
             print(f"checkout {checkout}, persistent_workers {args.persistent}, {args.runs} runs per method")
             print(f"{'start method':<12} {'finished':>9} {'hung':>5} {'failed':>7} {'median s':>9}")
             for method in args.methods.split(","):
-                command = [sys.executable, "-m", "tests.client.user_script"]
+                command = [sys.executable, "-m", "harness.user_script"]
                 command += ["--shards", str(root / "shards" / "shard_{000000..000007}.tar")]
                 command += [
                     "--socket",

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from harness.devservers import start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.devservers import start_daemon
 
 MIB = 1024 * 1024
 CHUNK = 8 * MIB

@@ -26,8 +26,8 @@ from typing import Any
 import torch.utils.data as data
 
 from bench.bench_pipeline import make_shards
+from harness.devservers import start_daemon
 from shardcache import Dataset, TorchLoader
-from tests.support.devservers import start_daemon
 
 METHODS = ("fork", "forkserver", "spawn")
 

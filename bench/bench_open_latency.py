@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.devservers import start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.devservers import start_daemon
 
 HEADER = 512
 

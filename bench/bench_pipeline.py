@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.compressed:
             contenders.update(compressed_contenders(root, paths))
         if args.daemon:
+            from harness.devservers import start_daemon
             from shardcache.daemon_access.daemon_client import DaemonClient
-            from tests.support.devservers import start_daemon
 
             daemon = start_daemon(root / "d.sock", root / "cache", [str(root)], capacity="4GiB")
             client = DaemonClient(str(daemon.socket), required=True)

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="scb-") as tmp:
         if args.daemon:
             sys.path.insert(0, str(ROOT))
-            from tests.support.devservers import start_daemon
+            from harness.devservers import start_daemon
 
             daemon = start_daemon(
                 Path(tmp) / "d.sock",

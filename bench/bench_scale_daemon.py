@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.support.devservers import start_daemon
+from harness.devservers import start_daemon
 
 BUCKET = "s3://bench-scale"
 

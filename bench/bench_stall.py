@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.bench_egress import daemon_running, uds_client, upload_shards
+from harness.devservers import start_s3_server
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.devservers import start_s3_server
 
 MIB = 1024 * 1024
 _CHUNK = 16 * 1024

@@ -1,8 +1,8 @@
 """Shared fixtures: a real S3 endpoint (moto's server in a subprocess) and the real daemon on a Unix socket.
 
-Only fixtures and hooks live here; the plain helpers tests import are in `tests.support` (test modules never
-import a conftest). Tools the integration tests need (moto, promtool, ...) must be present under CI=true:
-a skip fails the run there.
+Only fixtures and hooks live here; the plain helpers tests import are in the `harness` package at the
+repository root, shared with bench/ (test modules never import a conftest). Tools the integration tests need
+(moto, promtool, ...) must be present under CI=true: a skip fails the run there.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.devservers import Daemon, S3Server, start_daemon, start_s3_server
-from tests.support.shards import ShardSet, make_tar_shard
-from tests.support.start_methods import ALL_METHODS, LOADER_METHODS
-from tests.support.tools import IN_CI, unavailable
+from harness.devservers import Daemon, S3Server, start_daemon, start_s3_server
+from harness.shards import ShardSet, make_tar_shard
+from harness.start_methods import ALL_METHODS, LOADER_METHODS
+from harness.tools import IN_CI, unavailable
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -61,7 +61,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 @pytest.fixture(params=LOADER_METHODS, ids=LOADER_METHODS)
 def start_method(request: pytest.FixtureRequest) -> str:
     """How DataLoader workers start: "default" (torch's default, fork on Linux: what users get), then
-    "forkserver". Pass it to `tests.support.start_methods.worker_context`."""
+    "forkserver". Pass it to `harness.start_methods.worker_context`."""
     method: str = request.param
     return method
 

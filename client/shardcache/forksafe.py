@@ -9,7 +9,7 @@ the second epoch, in `_ModuleLock.acquire` under `import httpx` (placed inside a
 own lazy `import httpcore`, or in `ssl.SSLContext.__new__`, while the parent's telemetry thread was
 sending its first report (importing httpx and building an SSL context) as the next epoch forked.
 
-The rules, each held by a test in `tests/client/test_fork_safety.py`:
+The rules, each held by a test in `tests/client/daemon_access/test_fork_safety.py`:
 
 1. **Nothing a worker runs imports lazily or builds an SSL context.** A child that imports a module
    another thread was importing at the fork waits on that module's import lock. So the client imports

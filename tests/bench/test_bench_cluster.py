@@ -1,7 +1,7 @@
 """The cluster simulation (bench/bench_cluster.py) drives the daemon's planner faithfully.
 
 With equal-sized shards and node placement, each node's simulated cache fetches exactly as often as the
-offline simulators of bench/belady_sim.py on the same round-robin trace: Belady as the MIN that knows what
+offline simulators of harness/belady_sim.py on the same round-robin trace: Belady as the MIN that knows what
 the plans tell (current and next epoch), LRU as plain LRU.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import belady_sim
 from bench import bench_cluster as cluster_sim
+from harness import belady_sim
 from shardcache.sources.partition import Partitioning
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import Daemon, start_daemon
+from harness.shards import ShardSet, make_tar_shard
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.devservers import Daemon, start_daemon
-from tests.support.shards import ShardSet, make_tar_shard
 
 
 def shardcache(*args: str, socket: str | None = None) -> subprocess.CompletedProcess[str]:

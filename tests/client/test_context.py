@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from harness.pipelines import FakeDeviceMesh, keys, make_tars
 from shardcache import DataLoadMesh, Dataset, RuntimeContext
 from shardcache.errors import ConfigError
-from tests.client.pipeline_support import FakeDeviceMesh, keys, make_tars
 
 
 def mesh_context(dp: int, tp: int, **kw: int) -> RuntimeContext:

@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
+from harness.pipelines import keys, make_tars
+from harness.start_methods import worker_context
 from shardcache import DataLoadMesh, Dataset, RuntimeContext, TorchLoader
 from shardcache.errors import ConfigError
-from tests.client.pipeline_support import keys, make_tars
-from tests.support.start_methods import worker_context
 
 dist = pytest.importorskip("torch.distributed")
 
-WORKER = Path(__file__).with_name("mesh_worker.py")
+WORKER = Path(__file__).parent / "workers" / "mesh_worker.py"
 SHARDS, SAMPLES = 8, 3
 ALL_KEYS = sorted(f"s{s:03d}_{i:04d}" for s in range(SHARDS) for i in range(SAMPLES))
 RANK_HANG_S = 60.0  # a rank stuck this long dumps its stacks and exits (faulthandler in the worker)

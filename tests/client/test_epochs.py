@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.pipeline_support import keys, make_tars
+from harness.pipelines import keys, make_tars
 
 torch_data = pytest.importorskip("torch.utils.data")
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import shardcache
+from harness.shards import make_tar_shard
 from shardcache import (
     CacheConfig,
     CacheEntryInfo,
@@ -31,8 +32,7 @@ from shardcache import (
 )
 from shardcache.errors import CacheError, ConfigError
 from shardcache.sources.jsonl import TarRefResolver
-from tests.client import cache_helpers
-from tests.support.shards import make_tar_shard
+from tests.client.snapshots import cache_helpers
 
 MVP_NAMES = (
     "Consumer",

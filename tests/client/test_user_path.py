@@ -1,7 +1,7 @@
 """What users run: the plain training script in a fresh interpreter, under each start method, with the daemon
 running, absent or restarted mid-epoch, with and without persistent workers, four epochs, pin_memory on.
 
-Each run is `tests/client/user_script.py` under a watchdog (`tests.support.watchdog`): a run that hangs
+Each run is `harness/user_script.py` under a watchdog (`harness.watchdog`): a run that hangs
 fails with the stacks of every process it started instead of hanging CI. Before the fork-safety rules
 (`shardcache.forksafe`), the fork case hung in 5 of 6 runs at the second epoch.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.client.pipeline_support import make_tars
-from tests.support.daemon_api import api
-from tests.support.devservers import Daemon
-from tests.support.watchdog import Watched, run_watched
+from harness.daemon_api import api
+from harness.devservers import Daemon
+from harness.pipelines import make_tars
+from harness.watchdog import Watched, run_watched
 
 EPOCHS = 4
 SHARDS, SAMPLES = 8, 32
@@ -37,7 +37,7 @@ def shard_pattern(tmp_path: Path) -> str:
 
 
 def script(pattern: str, socket: str | None, *extra: str) -> list[str]:
-    command = [sys.executable, "-m", "tests.client.user_script", "--shards", pattern, "--epochs", str(EPOCHS)]
+    command = [sys.executable, "-m", "harness.user_script", "--shards", pattern, "--epochs", str(EPOCHS)]
     return command + (["--socket", socket] if socket else []) + list(extra)
 
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
+from harness.cluster_ranks import Rank, read_part, read_rest, run_cluster
+from harness.shards import make_tar_shard
 from shardcache import merge_states
 from shardcache.sources.partition import owners, weights_of
-from tests.support.cluster import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
-from tests.support.cluster_ranks import Rank, read_part, read_rest, run_cluster
-from tests.support.shards import make_tar_shard
 
 PER_NODE = 2
 EPOCHS = 3

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.daemon_api import api
+from harness.daemon_api import api
 
 
 def second_daemon(cache_dir: Path, socket: Path, allow: str) -> subprocess.CompletedProcess[str]:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 
+from harness.daemon_api import api, metric
+from harness.polling import wait_for
 from shardcache import DaemonClient
 from tests.daemon.test_cache_dir_lock import second_daemon
-from tests.support.daemon_api import api, metric
-from tests.support.polling import wait_for
 
 
 def test_opens_after_rm_rf_of_the_cache_dir_fetch_again_and_never_blame_the_remote(

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.daemon_api import api, metric
 from shardcache import DaemonClient
-from tests.support.daemon_api import api, metric
 
 
 def _read_through(client: DaemonClient, url: str) -> bytes:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 
+from harness.daemon_api import api
+from harness.devservers import Daemon, free_tcp_port
+from harness.polling import wait_for
 from tests.daemon.daemon_helpers import Proxy, files_in
-from tests.support.daemon_api import api
-from tests.support.devservers import Daemon, free_tcp_port
-from tests.support.polling import wait_for
 
 TEMP_PREFIX = ".tmp-"
 SMALL_CHUNKS = {"SHARDCACHE_CHUNK_BYTES": str(64 * 1024)}  # so a temp file grows while we look

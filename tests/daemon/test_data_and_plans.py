@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.daemon_api import api, metric
-from tests.support.polling import wait_for
+from harness.daemon_api import api, metric
+from harness.polling import wait_for
 
 
 def test_data_streams_the_whole_shard_with_content_length(make_bucket, daemon_factory):

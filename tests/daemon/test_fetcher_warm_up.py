@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.devservers import S3Server
 from shardcached.fetcher import Fetcher
 from tests.daemon.daemon_helpers import Proxy
-from tests.support.devservers import S3Server
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import subprocess
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.daemon_api import api, metric
+from harness.tools import require_tool
 from tests.deploy.deploy_files import documented_label_values
-from tests.support.daemon_api import api, metric
-from tests.support.tools import require_tool
 
 DESIGN_METRICS = [
     "shardcache_requests_total",

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemon_api import api, metric
+from harness.devservers import Daemon
+from harness.polling import wait_for
+from harness.shards import make_tar_shard
+from harness.tools import require_tool, unavailable
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.daemon_api import api, metric
-from tests.support.devservers import Daemon
-from tests.support.polling import wait_for
-from tests.support.shards import make_tar_shard
-from tests.support.tools import require_tool, unavailable
 
-HOLDER = Path(__file__).with_name("lease_holder.py")
+HOLDER = Path(__file__).parents[2] / "harness" / "lease_holder.py"
 SHARD_BYTES = 64 * 1024  # about: two samples of 32 KiB
 
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.daemon_api import api
+from harness.polling import wait_for
+from harness.shards import ShardSet
 from shardcached.errors import DaemonError, Invalid, NotAllowed, PlanTooLarge
 from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList
 from shardcached.planbody import PlanBody, read_plan
 from shardcached.planner import Planner
-from tests.support.daemon_api import api
-from tests.support.polling import wait_for
-from tests.support.shards import ShardSet
 
 
 def body(urls: list[str]) -> PlanBody:

@@ -7,8 +7,8 @@ from functools import partial
 import httpx
 import pytest
 
-from tests.support.daemon_api import api, metric
-from tests.support.polling import wait_for
+from harness.daemon_api import api, metric
+from harness.polling import wait_for
 
 
 def open_and_release(http: httpx.Client, url: str, plan: str | None = None) -> bool:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 
+from harness.daemon_api import api, metric
+from harness.devservers import S3Server
+from harness.polling import wait_for
 from tests.daemon.daemon_helpers import Proxy
-from tests.support.daemon_api import api, metric
-from tests.support.devservers import S3Server
-from tests.support.polling import wait_for
 
 
 def stats(http: httpx.Client) -> dict[str, object]:

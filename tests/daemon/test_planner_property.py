@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bench import belady_sim as sim
+from harness import belady_sim as sim
 from shardcached.planner import Planner
 
 Access = sim.Access

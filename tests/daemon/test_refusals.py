@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.daemon_api import api
-from tests.support.devservers import Daemon, start_daemon
-from tests.support.shards import make_tar_shard
+from harness.daemon_api import api
+from harness.devservers import Daemon, start_daemon
+from harness.shards import make_tar_shard
 
 
 @pytest.fixture(scope="module")

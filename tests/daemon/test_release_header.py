@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import socket
 
+from harness.daemon_api import api
 from shardcache.daemon_access.daemon_client import DaemonClient
-from tests.support.daemon_api import api
 
 
 def pinned(daemon) -> dict[str, bool]:  # type: ignore[no-untyped-def]

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from harness.daemon_api import api, metric
 from tests.daemon.daemon_helpers import Proxy
-from tests.support.daemon_api import api, metric
 
 
 def test_first_open_misses_and_second_hits(make_bucket, daemon_factory):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemon_api import api
+from harness.devservers import Daemon, start_daemon
+from harness.shards import ShardSet, make_tar_shard
 from tests.daemon.daemon_helpers import files_in
-from tests.support.daemon_api import api
-from tests.support.devservers import Daemon, start_daemon
-from tests.support.shards import ShardSet, make_tar_shard
 
 
 @pytest.fixture(scope="module")

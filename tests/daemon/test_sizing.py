@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
+from harness.daemon_api import api
+from harness.polling import wait_for
+from harness.shards import make_tar_shard
 from shardcached.sizing import SizingCheck, required_capacity
-from tests.support.daemon_api import api
-from tests.support.polling import wait_for
-from tests.support.shards import make_tar_shard
 
 
 def test_the_required_capacity_is_readers_times_largest_shard_times_depth_plus_one() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon_api import api
+from harness.daemon_api import api
 
 
 @pytest.fixture

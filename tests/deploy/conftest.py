@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import stop_process
+from harness.prometheus import PrometheusServer, start_prometheus, write_config
+from harness.tools import require_tool
 from tests.deploy.deploy_files import PROMETHEUS, RULES_FILE
-from tests.support.devservers import stop_process
-from tests.support.prometheus import PrometheusServer, start_prometheus, write_config
-from tests.support.tools import require_tool
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import subprocess
 
 import yaml
 
+from harness.tools import require_tool
 from tests.deploy.deploy_files import (
     PROMETHEUS,
     RULES_FILE,
@@ -14,7 +15,6 @@ from tests.deploy.deploy_files import (
     promql_metric_names,
     series_names,
 )
-from tests.support.tools import require_tool
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

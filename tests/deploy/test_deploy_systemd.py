@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.tools import require_tool
 from tests.deploy.deploy_files import DEPLOY, unit_directives
-from tests.support.tools import require_tool
 
 UNIT = DEPLOY / "systemd" / "shardcached.service"
 ENV_FILE = DEPLOY / "systemd" / "shardcached.env"

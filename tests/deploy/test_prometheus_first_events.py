@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import yaml
 
+from harness.devservers import Daemon
+from harness.prometheus import PrometheusServer, poll
 from tests.deploy.deploy_files import RULES_FILE, documented_label_values, documented_metrics, series_names
-from tests.support.devservers import Daemon
-from tests.support.prometheus import PrometheusServer, poll
 
 JOB = "prom-live"
 TRAINER = textwrap.dedent(

@@ -15,11 +15,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.devservers import Daemon
+from harness.prometheus import PrometheusServer
+from harness.prometheus import poll as _poll
+from harness.tools import require_tool
 from tests.deploy.deploy_files import DEPLOY, documented_metrics
-from tests.support.devservers import Daemon
-from tests.support.prometheus import PrometheusServer
-from tests.support.prometheus import poll as _poll
-from tests.support.tools import require_tool
 
 
 def _api(daemon: Daemon) -> httpx.Client:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import Daemon, start_daemon
 from tests.frameworks.framework_checks import write_shards
-from tests.support.devservers import Daemon, start_daemon
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.client.pipeline_support import write_tar
+from harness.daemon_api import metric
+from harness.devservers import Daemon
+from harness.pipelines import write_tar
+from harness.watchdog import run_watched
 from tests.frameworks.training_plan import EPOCHS, WORLD
-from tests.support.daemon_api import metric
-from tests.support.devservers import Daemon
-from tests.support.watchdog import run_watched
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import Daemon
 from tests.frameworks.framework_checks import (
     Launch,
     assert_completed,
@@ -53,7 +54,6 @@ from tests.frameworks.framework_checks import (
     torchrun,
 )
 from tests.frameworks.training_plan import BATCH, WORKERS, WORLD
-from tests.support.devservers import Daemon
 
 require("accelerate")
 

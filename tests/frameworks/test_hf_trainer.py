@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import Daemon
 from tests.frameworks.framework_checks import (
     Launch,
     assert_completed,
@@ -52,7 +53,6 @@ from tests.frameworks.framework_checks import (
     torchrun,
 )
 from tests.frameworks.training_plan import BATCH, WORLD
-from tests.support.devservers import Daemon
 
 require("transformers")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.devservers import Daemon
 from tests.frameworks.framework_checks import (
     Launch,
     assert_completed,
@@ -45,7 +46,6 @@ from tests.frameworks.framework_checks import (
     run,
 )
 from tests.frameworks.training_plan import EPOCHS
-from tests.support.devservers import Daemon
 
 require("pytorch_lightning")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from harness.tools import unavailable
 from tests.hardening.faultproxy import FaultProxy
-from tests.support.tools import unavailable
 
 
 @pytest.fixture

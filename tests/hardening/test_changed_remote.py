@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemon_api import api
+from harness.shards import make_tar_shard
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import RemoteFailed
 from tests.hardening.cache_checks import published_shards
-from tests.support.daemon_api import api
-from tests.support.shards import make_tar_shard
 
 
 def overwrite(s3_client, bucket: str, name: str, tmp_path: Path) -> bytes:  # type: ignore[no-untyped-def]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemon_api import api
+from harness.devservers import stop_process
+from harness.polling import wait_for
 from tests.hardening.cache_checks import assert_cache_intact, published_shards
-from tests.support.daemon_api import api
-from tests.support.devservers import stop_process
-from tests.support.polling import wait_for
 
 READER = Path(__file__).with_name("rank_reader.py")
 

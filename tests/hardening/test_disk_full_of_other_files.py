@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.daemon_api import api, metric
+from harness.devservers import Daemon
+from harness.polling import wait_for
+from harness.shards import make_tar_shard
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import InsufficientCapacity
 from tests.hardening.cache_checks import assert_cache_intact
-from tests.support.daemon_api import api, metric
-from tests.support.devservers import Daemon
-from tests.support.polling import wait_for
-from tests.support.shards import make_tar_shard
 
 REFUSED = ("shardcache_refused_opens_total", 'code="cache_disk_full"')
 WAITED = ("shardcache_room_waits_total", 'reason="disk_full"')

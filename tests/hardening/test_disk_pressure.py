@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemon_api import api, metric
+from harness.shards import ShardSet
 from tests.hardening.cache_checks import assert_cache_intact
-from tests.support.daemon_api import api, metric
-from tests.support.shards import ShardSet
 
 ENOSPC_BUG = (
     "the daemon counts only --capacity, never the filesystem's free space: since a971a67 a download that "

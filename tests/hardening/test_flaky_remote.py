@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from harness.daemon_api import api, metric
 from shardcache import Dataset, RuntimeContext
 from shardcache.errors import RemoteFailed
 from tests.hardening.cache_checks import assert_cache_intact
 from tests.hardening.faultproxy import proxy_env
-from tests.support.daemon_api import api, metric
 
 FAST_RETRIES = [
     "--retries",

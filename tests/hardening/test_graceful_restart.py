@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from harness.daemon_api import api
+from harness.polling import wait_for
+from harness.start_methods import worker_context
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from tests.hardening.faultproxy import proxy_env
-from tests.support.daemon_api import api
-from tests.support.polling import wait_for
-from tests.support.start_methods import worker_context
 
 RESTARTS = 3
 SHARDS, SAMPLES = 16, 4

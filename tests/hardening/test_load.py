@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from harness.daemon_api import api, metric
+from harness.devservers import Daemon, stop_process
+from harness.polling import wait_for
 from shardcached.dirlock import LOCK_NAME
-from tests.support.daemon_api import api, metric
-from tests.support.devservers import Daemon, stop_process
-from tests.support.polling import wait_for
 
 CLIENT = Path(__file__).with_name("load_client.py")
 PROCESSES, THREADS = 4, 16

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.daemon_api import api
 from shardcached.keys import cache_key
-from tests.support.daemon_api import api
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
