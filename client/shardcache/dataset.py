@@ -1,6 +1,6 @@
 """`Dataset`: the immutable, chainable pipeline facade (mvp-dataset's public API).
 
-A Dataset is a `PipelineSpec` (`shardcache.pipeline.spec`: root source, stages, the main process's facts)
+A Dataset is a `PipelineSpec` (`shardcache.spec`: root source, stages, the main process's facts)
 plus its mutable side: the epoch of `set_epoch`, its latest iterator and a state to resume. Every method
 that changes the pipeline returns a new Dataset over a new spec, made by the feature's spec-to-spec
 function (`shardcache.pipeline.*`, `shardcache.snapshots`). Iterating resolves the runtime context
@@ -20,13 +20,14 @@ from shardcache.daemon_access.telemetry import items_are_batches
 from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
 from shardcache.frameworks import accelerate_dispatch_batch, accelerate_skips_batches, accelerate_splits
+from shardcache.node import Node
 from shardcache.pipeline import mini_epochs as chunks
 from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
 from shardcache.pipeline.iteration import PipelineIterator, start
 from shardcache.pipeline.mixed import mixed_source
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, initial_state
 from shardcache.resume.state import LiveState, ended_epoch
 from shardcache.shards import ShardRef, expand_shards
@@ -38,7 +39,8 @@ from shardcache.sources.lance import check_daemon
 from shardcache.sources.lance_access import discover_versions
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.sources.options import PlanHints
-from shardcache.stages import Node, Stage, builders
+from shardcache.spec import PipelineSpec
+from shardcache.stages import Stage, builders
 from shardcache.stages.resolve_ref import resolve_ref_stage
 
 
@@ -175,7 +177,7 @@ class Dataset:
 
     @property
     def spec(self) -> PipelineSpec:
-        """The immutable pipeline this dataset is (`shardcache.pipeline.spec`)."""
+        """The immutable pipeline this dataset is (`shardcache.spec`)."""
         return self._spec
 
     @property
@@ -315,7 +317,7 @@ class Dataset:
 
     def parts(self) -> list[str]:
         """Short descriptions of the source and each stage, carried in states (`shardcache.resume.check`)."""
-        return self._spec.parts()
+        return spec_parts(self._spec)
 
     # -- iteration ------------------------------------------------------------------------------------------
 

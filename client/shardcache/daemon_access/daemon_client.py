@@ -20,22 +20,18 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO, Literal, cast
 
 from shardcache import forksafe
-from shardcache.daemon_access.availability import DEFAULT_RESTART_WAIT_S as DEFAULT_RESTART_WAIT_S
-from shardcache.daemon_access.availability import RESTART_WAIT_ENV as RESTART_WAIT_ENV
 from shardcache.daemon_access.availability import DaemonAvailability, restart_wait
 from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.direct import (
     DISK_FULL_CODE,
+    DISK_FULL_RETRY_S,
     PINNED_ADVICE,
     PINNED_CODE,
     PINNED_RETRY_S,
     DiskFullMemory,
     cannot_fit,
+    open_direct,
 )
-from shardcache.daemon_access.direct import DISK_FULL_RETRY_S as DISK_FULL_RETRY_S
-from shardcache.daemon_access.direct import SIZING_RULE as SIZING_RULE
-from shardcache.daemon_access.direct import local_path_of as local_path_of
-from shardcache.daemon_access.direct import open_direct as open_direct
 from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discover
 from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response

@@ -14,9 +14,9 @@ from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.loader.stream import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
+from shardcache.node import Node
 from shardcache.pipeline.iteration import close_all, close_telemetry
 from shardcache.resume.state import live_of, wrap
-from shardcache.stages import Node
 
 
 class LoaderIterator:

@@ -11,7 +11,7 @@ from typing import Any
 
 from shardcache.errors import UnsupportedResume
 from shardcache.loader.stream import passthrough, torch_data
-from shardcache.stages import Node
+from shardcache.node import Node
 
 
 class PlainStream:

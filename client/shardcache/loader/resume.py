@@ -19,12 +19,12 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.formatting import callable_name
 from shardcache.loader.stream import MergeNode
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.node import Node
+from shardcache.resume.check import spec_parts
 from shardcache.resume.elastic import (
     check_merged,
     elastic_state,
     is_merged,
-    needs_counts,
     origin_of,
     source_position,
 )
@@ -38,7 +38,9 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
-from shardcache.stages import Node, Stage
+from shardcache.sources.pieces import needs_counts
+from shardcache.spec import PipelineSpec
+from shardcache.stages import Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
 
@@ -73,7 +75,7 @@ class LoaderShape:
         """Short descriptions of the dataset, the loader's batching and its stages (`resume.check`)."""
         workers = self.num_workers if num_workers is None else num_workers
         return [
-            *self.dataset.parts(),
+            *spec_parts(self.dataset),
             f"loader({workers},{self.batch_size},{self._collate_name()},{self.drop_last})",
             *(stage.describe() for stage in self.stages),
         ]

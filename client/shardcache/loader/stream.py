@@ -44,8 +44,8 @@ import numpy.random  # noqa: F401
 from shardcache.dataset import Dataset
 from shardcache.errors import StateError
 from shardcache.loader.watchdog import register_worker
+from shardcache.node import Node, State, field
 from shardcache.sources.counting import RunFacts
-from shardcache.stages.base import Node, State, field
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,11 @@ from shardcache.loader.stream import (
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
+from shardcache.node import Node
 from shardcache.resume.job import job_state
 from shardcache.resume.state import LiveState
 from shardcache.sources.schedule import source_job
-from shardcache.stages import Node, Stage, builders
+from shardcache.stages import Stage, builders
 
 logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with

@@ -8,9 +8,9 @@ builds its own node, and builds its members with this same function.
 from __future__ import annotations
 
 from shardcache.context import RuntimeContext
-from shardcache.pipeline.spec import ComposedSource, PipelineSpec
+from shardcache.node import Node
 from shardcache.snapshots.boundary import cut_at_cache
-from shardcache.stages import Node
+from shardcache.spec import ComposedSource, PipelineSpec
 
 
 def build(spec: PipelineSpec, ctx: RuntimeContext) -> Node:

@@ -12,14 +12,15 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, count_items, for_reader, timed_items
 from shardcache.errors import UnsupportedResume
+from shardcache.node import Node
 from shardcache.pipeline.build import build
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, resume_point
 from shardcache.resume.state import STATE_VERSION, DatasetState, live_of, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
 from shardcache.sources.schedule import source_job
-from shardcache.stages import Node
+from shardcache.spec import PipelineSpec
 
 
 def close_all(*closers: Callable[[], None] | None) -> None:
@@ -203,7 +204,7 @@ def start(spec: PipelineSpec, ctx: RuntimeContext, pending: dict[str, Any] | Non
     node = build(spec, ctx)
     if resume is not None:
         resume.restore(node)
-    iterator = PipelineIterator(node, ctx, spec.fingerprint(), spec.parts())
+    iterator = PipelineIterator(node, ctx, spec.fingerprint(), spec_parts(spec))
     iterator.spec = spec
     if resume is not None:
         resume.carry_over(iterator.source)

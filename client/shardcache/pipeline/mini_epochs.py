@@ -20,9 +20,9 @@ import logging
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.pipeline.spec import PipelineSpec
 from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
 from shardcache.sources.schedule import source_job
+from shardcache.spec import PipelineSpec
 from shardcache.stages.builders import positive_int
 
 logger = logging.getLogger(__name__)

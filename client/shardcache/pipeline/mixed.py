@@ -10,7 +10,7 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.mix.stream import STRATEGIES
 from shardcache.pipeline.mixing import MixConfig, mix_root, named_members
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.spec import PipelineSpec
 
 
 def mixed_source(

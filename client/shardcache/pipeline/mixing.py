@@ -35,11 +35,10 @@ from shardcache.mix.stream import (
     PassStream,
     RecipeIterator,
 )
+from shardcache.node import Node, State
 from shardcache.pipeline.build import build
 from shardcache.pipeline.iteration import start
-from shardcache.pipeline.spec import ComposedSource, PipelineSpec
-from shardcache.stages import Node
-from shardcache.stages.base import State
+from shardcache.spec import ComposedSource, PipelineSpec
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import Any
 
 from shardcache.errors import ArgumentTypeError, ConfigError, UnsupportedOperation
-from shardcache.pipeline.spec import PipelineSpec
 from shardcache.sources import KINDS
 from shardcache.sources.subset import SHARD_LEVEL, Step, normalize_fractions, sample_step, select_shards
+from shardcache.spec import PipelineSpec
 from shardcache.stages import CacheStage
 from shardcache.stages.cache import SNAPSHOT_SUBSET
 

@@ -13,22 +13,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-# Argument names of the positional stage descriptions (`Stage.describe()`), for the messages.
-_STAGE_ARGS: dict[str, tuple[str, ...]] = {
-    "map": ("fn",),
-    "select": ("fields",),
-    "shuffle": ("buffer_size", "initial", "seed"),
-    "assemble": ("factory", "drop_last"),
-    "batch": ("batch_size", "drop_last", "collate_fn"),
+from shardcache.memo import IdentityMemo
+from shardcache.spec import PipelineSpec
+from shardcache.stages import STAGE_SPECS
+
+# Argument names of the positional descriptions, for the messages: each stage kind declares its own; the
+# loader's part is written by `shardcache.loader.resume`.
+_DESCRIBED_ARGS: dict[str, tuple[str, ...]] = {
+    **{spec.kind: spec.described_args for spec in STAGE_SPECS},
     "loader": ("num_workers", "batch_size", "collate_fn", "drop_last"),
-    "balance": (
-        "drop_last",
-        "dummy_factory",
-        "buffer_size",
-        "chunk_size",
-        "max_transfer_per_round",
-        "topology",
-    ),
 }
 _LONG = 64
 
@@ -86,6 +79,14 @@ def pipeline_parts(source: Any, stages: Sequence[Any]) -> list[str]:
     return short_descriptions(source.describe(), [stage.describe() for stage in stages])
 
 
+_PARTS: IdentityMemo[tuple[str, ...]] = IdentityMemo()
+
+
+def spec_parts(spec: PipelineSpec) -> list[str]:
+    """`pipeline_parts` of a pipeline, memoised per spec (its source description lists every shard URL)."""
+    return list(_PARTS.get(spec, None, lambda: tuple(pipeline_parts(spec.source, spec.stages))))
+
+
 def _split_args(text: str) -> list[str]:
     """Top-level comma-separated parts of an argument list (brackets and quotes respected)."""
     parts: list[str] = []
@@ -123,7 +124,7 @@ def _parse(description: str) -> tuple[str, list[str], str]:
 def _named(kind: str, args: list[str], source: bool) -> dict[str, str]:
     if source:
         return {a.partition("=")[0]: a.partition("=")[2] for a in args}
-    names = _STAGE_ARGS.get(kind, ())
+    names = _DESCRIBED_ARGS.get(kind, ())
     return {names[i] if i < len(names) else f"argument {i + 1}": a for i, a in enumerate(args)}
 
 

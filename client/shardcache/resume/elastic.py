@@ -38,12 +38,12 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.node import Node
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
 from shardcache.sources.partition import Layout
-from shardcache.sources.pieces import needs_counts as needs_counts
-from shardcache.stages import STAGE_SPECS, Node, Stage
+from shardcache.spec import PipelineSpec
+from shardcache.stages import STAGE_SPECS, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
 # The stages an elastic resume reads through, by name, for the message that refuses the others.

@@ -14,7 +14,8 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.pipeline.spec import PipelineSpec
+from shardcache.node import Node
+from shardcache.resume.check import spec_parts
 from shardcache.resume.elastic import check_merged, is_merged, own_or_origin
 from shardcache.resume.state import (
     check_fingerprint,
@@ -25,13 +26,13 @@ from shardcache.resume.state import (
     unwrap,
 )
 from shardcache.sources.base import SourceNode, source_below
-from shardcache.stages import Node
+from shardcache.spec import PipelineSpec
 from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
 
 
 def initial_state(spec: PipelineSpec, ctx: RuntimeContext) -> dict[str, Any]:
     """The envelope of a reader of `spec` as `ctx` that has not begun (``state`` None)."""
-    return initial({"fingerprint": spec.fingerprint(), "stages": spec.parts()}, ctx.identity())
+    return initial({"fingerprint": spec.fingerprint(), "stages": spec_parts(spec)}, ctx.identity())
 
 
 def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str, Any] | None:
@@ -41,7 +42,7 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
     loaded = unwrap(blob, "resume state")
     state = loaded.flat
     if is_merged(state):
-        check_merged(state, spec.fingerprint(), spec.parts())
+        check_merged(state, spec.fingerprint(), spec_parts(spec))
     else:
         check_state(spec, state, None)
     check_identity(loaded.identity, initial_state(spec, ctx)["identity"])
@@ -82,7 +83,7 @@ def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> N
     check_fingerprint(
         state,
         spec.fingerprint(),
-        spec.parts(),
+        spec_parts(spec),
         "resume state was taken from a pipeline with another source or stage list",
     )
     if ctx is not None:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 from shardcache.errors import StateError
+from shardcache.node import Node
 from shardcache.resume.check import identity_views, mismatch_message
 from shardcache.sources.base import unit_round
-from shardcache.stages.base import Node
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots import cli
 from shardcache.snapshots.identity import validate_pre_cache
 from shardcache.snapshots.store import CacheEntry, cache_ls, cache_rm
+from shardcache.spec import NodeBuilder, PipelineSpec
 
 if TYPE_CHECKING:
     from shardcache.snapshots.build import CacheOptions

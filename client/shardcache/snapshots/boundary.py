@@ -11,12 +11,12 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.shards import ShardRef
 from shardcache.snapshots import materialise, validate_pre_cache
 from shardcache.snapshots.identity import frozen_identities
 from shardcache.sources import SourceSpec
 from shardcache.sources.options import PlanHints
+from shardcache.spec import NodeBuilder, PipelineSpec
 from shardcache.stages import CacheStage, Stage, builders
 from shardcache.stages.cache import SNAPSHOT_IDENTITY, SNAPSHOT_SUBSET
 

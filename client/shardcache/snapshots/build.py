@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from shardcache.context import RuntimeContext
+from shardcache.durable import read_json, write_json_atomic
 from shardcache.errors import CacheError, ConfigError
 from shardcache.formatting import callable_name
-from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
 from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
 from shardcache.snapshots.identity import (
     describe_plan,
@@ -45,12 +45,11 @@ from shardcache.snapshots.store import (
     PART_MARKER,
     EntryPaths,
     publish,
-    read_json,
     resolve_cache_root,
-    write_json_atomic,
 )
 from shardcache.snapshots.writer import _lance, read_rows, write_rows
 from shardcache.sources.lance_codec import RowEncoder
+from shardcache.spec import NodeBuilder, PipelineSpec
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ArgumentTypeError, ConfigError
-from shardcache.pipeline.spec import NodeBuilder, PipelineSpec
+from shardcache.node import Node, State
 from shardcache.snapshots.parallel import parallel_map
-from shardcache.stages.base import Node, State
+from shardcache.spec import NodeBuilder, PipelineSpec
 from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
 

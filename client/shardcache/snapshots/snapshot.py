@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 from shardcache.errors import ArgumentTypeError, ConfigError
-from shardcache.pipeline.spec import PipelineSpec
 from shardcache.snapshots.boundary import cached, last_cache
 from shardcache.snapshots.identity import (
     plan_fingerprint,
@@ -35,6 +34,7 @@ from shardcache.snapshots.identity import (
     snapshot_entry_name,
     validate_pre_cache,
 )
+from shardcache.spec import PipelineSpec
 from shardcache.stages import CacheStage
 from shardcache.stages.cache import SNAPSHOT_IDENTITY
 

@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache import envvars
-from shardcache.durable import fsync_dir, fsync_tree
-from shardcache.durable import read_json as read_json
-from shardcache.durable import write_json_atomic as write_json_atomic
+from shardcache.durable import fsync_dir, fsync_tree, read_json
 from shardcache.errors import CacheError
 
 logger = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from shardcache.errors import (
     RemoteNotFound,
     StateError,
 )
+from shardcache.node import Node, State
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.counting import RunFacts, unit_counts
@@ -45,7 +46,6 @@ from shardcache.sources.schedule import (
 )
 from shardcache.sources.spec import SourceSpec
 from shardcache.sources.subset import select_units
-from shardcache.stages.base import Node, State
 
 logger = logging.getLogger(__name__)
 

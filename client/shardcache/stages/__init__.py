@@ -6,7 +6,6 @@ from typing import get_args
 
 from shardcache.stages.assemble import AssembleStage
 from shardcache.stages.balance import BalanceStage
-from shardcache.stages.base import Node
 from shardcache.stages.batch import BatchStage
 from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
@@ -38,7 +37,6 @@ __all__ = [
     "CacheStage",
     "MapStage",
     "ResolveRefStage",
-    "Node",
     "SelectStage",
     "ShuffleStage",
     "STAGE_SPECS",

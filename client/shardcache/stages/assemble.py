@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.formatting import callable_name
-from shardcache.stages.base import Node, State, field
+from shardcache.node import Node, State, field
 from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64
@@ -46,6 +46,7 @@ class AssembleStage(StageTraits):
     factory: Callable[[RuntimeContext], Assembler]
     drop_last: bool = False
     kind: ClassVar[str] = "assemble"
+    described_args: ClassVar[tuple[str, ...]] = ("factory", "drop_last")
     before_cache: ClassVar[bool] = True
 
     def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:

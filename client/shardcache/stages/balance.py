@@ -38,8 +38,8 @@ from typing import Any, ClassVar, Literal
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, ResumeStateError
 from shardcache.formatting import callable_name
-from shardcache.stages.base import Node, State
-from shardcache.stages.base import field as state_field
+from shardcache.node import Node, State
+from shardcache.node import field as state_field
 from shardcache.stages.traits import StageTraits
 
 Topology = Literal["node", "none"]
@@ -173,6 +173,14 @@ class BalanceStage(StageTraits):
     process_group: Any = None
     device_process_group: Any = None
     kind: ClassVar[str] = "balance"
+    described_args: ClassVar[tuple[str, ...]] = (
+        "drop_last",
+        "dummy_factory",
+        "buffer_size",
+        "chunk_size",
+        "max_transfer_per_round",
+        "topology",
+    )
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return BalanceNode(up, self, ctx)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.formatting import callable_name
-from shardcache.stages.base import Node, StatelessNode
+from shardcache.node import Node, StatelessNode
 from shardcache.stages.traits import StageTraits
 
 
@@ -20,6 +20,7 @@ class BatchStage(StageTraits):
     drop_last: bool = False
     collate_fn: Callable[[list[Any]], Any] | None = None
     kind: ClassVar[str] = "batch"
+    described_args: ClassVar[tuple[str, ...]] = ("batch_size", "drop_last", "collate_fn")
     passes_position: ClassVar[bool] = True
     batches: ClassVar[bool | None] = True
 

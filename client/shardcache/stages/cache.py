@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.formatting import callable_name
-from shardcache.stages.base import Node
+from shardcache.node import Node
 from shardcache.stages.traits import StageTraits
 
 SNAPSHOT_SUBSET = "subset"

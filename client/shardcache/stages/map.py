@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.formatting import callable_name
-from shardcache.stages.base import Node, StatelessNode
+from shardcache.node import Node, StatelessNode
 from shardcache.stages.traits import StageTraits
 
 
@@ -18,6 +18,7 @@ class MapStage(StageTraits):
 
     fn: Callable[[Any], Any]
     kind: ClassVar[str] = "map"
+    described_args: ClassVar[tuple[str, ...]] = ("fn",)
     passes_position: ClassVar[bool] = True
     one_to_one: ClassVar[bool] = True
     keeps_count: ClassVar[bool] = True

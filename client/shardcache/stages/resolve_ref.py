@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from shardcache.errors import ConfigError, StateError
+from shardcache.node import Node, State
 from shardcache.sources.lance_refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
-from shardcache.stages.base import Node, State
 from shardcache.stages.builders import positive_int
 from shardcache.stages.traits import StageTraits
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
-from shardcache.stages.base import Node, StatelessNode
+from shardcache.node import Node, StatelessNode
 from shardcache.stages.traits import StageTraits
 
 
@@ -17,6 +17,7 @@ class SelectStage(StageTraits):
 
     fields: tuple[str, ...]
     kind: ClassVar[str] = "select"
+    described_args: ClassVar[tuple[str, ...]] = ("fields",)
     passes_position: ClassVar[bool] = True
     one_to_one: ClassVar[bool] = True
     keeps_count: ClassVar[bool] = True

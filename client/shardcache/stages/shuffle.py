@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
-from shardcache.stages.base import Node, State, field
+from shardcache.node import Node, State, field
 from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64  # a power of two: the hot loop tests `taken & (CHECKPOINT_EVERY - 1)`
@@ -41,6 +41,7 @@ class ShuffleStage(StageTraits):
     initial: int | None = None
     seed: int | None = None
     kind: ClassVar[str] = "shuffle"
+    described_args: ClassVar[tuple[str, ...]] = ("buffer_size", "initial", "seed")
     keeps_count: ClassVar[bool] = True
     before_cache: ClassVar[bool] = True  # reorders only: deliberately not part of the cache's identity
 

@@ -25,6 +25,8 @@ class StageTraits:
     before_cache: ClassVar[bool] = False
     # True: its items are batches; False: it splits batches into samples; None: it leaves items as they come.
     batches: ClassVar[bool | None] = None
+    # The names of the positional arguments of its `describe()`, for the messages of a refused resume.
+    described_args: ClassVar[tuple[str, ...]] = ()
 
     def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...] | None:
         """What of this stage names a `.cache()` entry (None: nothing; `frozen`: its callable's fingerprint

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shardcache.context import RuntimeContext
-from shardcache.stages.base import Node, State, field
+from shardcache.node import Node, State, field
 from shardcache.stages.traits import StageTraits
 
 

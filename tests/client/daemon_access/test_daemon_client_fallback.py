@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.shards import ShardSet
-from shardcache.daemon_access.daemon_client import DaemonClient, local_path_of, open_direct
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.direct import local_path_of, open_direct
 from shardcache.errors import ConfigError, DaemonUnavailable
 
 

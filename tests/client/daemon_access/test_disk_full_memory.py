@@ -11,8 +11,8 @@ import pickle
 
 import pytest
 
-from shardcache.daemon_access.daemon_client import DISK_FULL_RETRY_S, DaemonClient
-from shardcache.daemon_access.direct import DiskFullMemory
+from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.direct import DISK_FULL_RETRY_S, DiskFullMemory
 from shardcache.errors import ConfigError, InsufficientCapacity
 
 

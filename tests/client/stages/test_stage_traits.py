@@ -15,10 +15,10 @@ import pytest
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import items_are_batches
 from shardcache.errors import ConfigError
+from shardcache.node import Node, StatelessNode
 from shardcache.resume.elastic import POSITION_STAGE_KINDS
 from shardcache.snapshots.identity import frozen_identities, validate_pre_cache
-from shardcache.stages import STAGE_SPECS, MapStage, Node, StageTraits
-from shardcache.stages.base import StatelessNode
+from shardcache.stages import STAGE_SPECS, MapStage, StageTraits
 
 
 class _Tagged(StatelessNode):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.stages import Node
+from shardcache.node import Node
 
 REPO = Path(__file__).resolve().parents[3]
 # The client and the wire contract it imports (its own folder, shared with the daemon).
@@ -18,7 +18,7 @@ MYPYPATH = os.pathsep.join(str(REPO / folder) for folder in ("client", "protocol
 
 SNIPPET = """
 from shardcache import Dataset
-from shardcache.stages import Node
+from shardcache.node import Node
 
 Dataset.from_source("tars", "x", daemon=3)
 Dataset.from_source("tars", "x", daemon="required")

@@ -20,18 +20,17 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.memo import IdentityMemo
-from shardcache.resume.check import pipeline_parts
+from shardcache.node import Node
 from shardcache.sources import SourceNode, SourceSpec, node_class
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.subset import select_units
-from shardcache.stages import CacheStage, Node, Stage
+from shardcache.stages import CacheStage, Stage
 
 # How a pipeline becomes one slot's node chain (`shardcache.pipeline.build.build`), handed to the parts that
 # build pipelines of their own below it (a mix's members, a `.cache()` boundary before another).
 NodeBuilder = Callable[["PipelineSpec", RuntimeContext], Node]
 
 _FINGERPRINTS: IdentityMemo[str] = IdentityMemo()
-_PARTS: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 @dataclass(frozen=True)
@@ -61,10 +60,6 @@ class PipelineSpec:
         return _FINGERPRINTS.get(
             self, None, lambda: hashlib.sha256(self.describe().encode()).hexdigest()[:32]
         )
-
-    def parts(self) -> list[str]:
-        """Short descriptions of the source and each stage, carried in states (`shardcache.resume.check`)."""
-        return list(_PARTS.get(self, None, lambda: tuple(pipeline_parts(self.source, self.stages))))
 
     @property
     def composed(self) -> bool:
