@@ -346,7 +346,7 @@ class Dataset:
         worker = torch_worker_id()
         ctx = self._reader_context()
         if worker is None:
-            self.count_samples(ctx)
+            self._spec.count_samples(ctx)  # ctx is resolved already
             iterator = self._start(ctx)
             # The pass counts once it yields: the next iter() reads the next epoch (`shardcache.epochs`).
             iterator.on_first_item(self._clock.passed)
