@@ -1,7 +1,7 @@
 """Cluster scale, simulated: S3 egress over epochs and shuffle quality of global, node and exchange placement.
 
 No servers: the reading orders come from the client's own partitioning code
-(`shardcache.sources.partition.plan_epoch` with the real `Layout` and `Partitioning`), and every node's cache
+(`sources.deal.partition.plan_epoch` with the real `Layout` and `Partitioning`), and every node's cache
 decisions from the daemon's own planner (`shardcached.planner.Planner`, policy "belady" or its "lru"
 baseline), one planner and one simulated cache per node, so any number of nodes fits on one machine.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardcache.sources.partition import (
+from shardcache.sources.deal.partition import (
     Layout,
     Partitioning,
     Piece,

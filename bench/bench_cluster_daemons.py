@@ -49,7 +49,7 @@ from harness.devservers import start_s3_server
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.shards import ShardRef
-from shardcache.sources.partition import owners, weights_of
+from shardcache.sources.deal.partition import owners, weights_of
 
 DEADLINE_S = 600.0
 MODES: dict[str, dict[str, Any]] = {

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardcache import Dataset
-from shardcache.sources import lance_index
+from shardcache.sources.lance import index as lance_index
 
 GROUPS = (("value % 7 = 0", "value % 11 = 0", "value < 1000"), ("value >= 100",))
 

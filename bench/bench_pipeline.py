@@ -129,7 +129,7 @@ def print_compressed(best: dict[str, float]) -> None:
 
 def stepped_over(counts: list[int], ranks: int) -> int:
     """Samples the `even="drop"` readers step over to reach the pieces that start mid-shard (epoch 0)."""
-    from shardcache.sources.partition import Layout, Partitioning, Piece, plan_epoch
+    from shardcache.sources.deal.partition import Layout, Partitioning, Piece, plan_epoch
 
     universe = [Piece(u, 0, n) for u, n in enumerate(counts)]
     weights = tuple(float(n) for n in counts)

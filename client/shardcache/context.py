@@ -5,7 +5,7 @@ comes from the data-parallel rank only, so tensor-parallel co-members read ident
 
 Nodes: `local_world_size` ranks share a node (torchrun's LOCAL_WORLD_SIZE), `num_nodes` =
 world_size // local_world_size of them; rank r runs on node `node_rank` (r // local_world_size unless
-given, as torchrun numbers ranks). Node placement (`shardcache.sources.partition`) gives each node a fixed
+given, as torchrun numbers ranks). Node placement (`sources.deal.partition`) gives each node a fixed
 share of the data so its daemon's cache keeps serving it; it groups data-parallel ranks, not global ranks:
 the data "node groups" are gcd(num_nodes, dp_size) contiguous blocks of dp ranks. With the usual mesh
 (dp outer, tensor/pipeline parallel inside a node) that is exactly one group per node. When a
@@ -149,7 +149,7 @@ class RuntimeContext:
     - `local_rank` / `node_rank`: default to rank % local_world_size and rank // local_world_size.
 
     Both layout sizes given must agree (`num_nodes × local_world_size == world_size`): node placement
-    (`shardcache.sources.partition`) gives each of the `num_nodes` nodes a fixed share of the data.
+    (`shardcache.sources.deal.partition`) gives each of the `num_nodes` nodes a fixed share of the data.
 
     Args:
         rank: Global rank of this process.

@@ -34,9 +34,9 @@ from shardcache.shards import ShardRef, expand_shards
 from shardcache.snapshots.boundary import cached
 from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
 from shardcache.sources import SourceSpec, canonical_kind, check_options, data_suffix
-from shardcache.sources.counting import RunFacts
-from shardcache.sources.lance import check_daemon
-from shardcache.sources.lance_access import discover_versions
+from shardcache.sources.deal.counting import RunFacts
+from shardcache.sources.lance.access import discover_versions
+from shardcache.sources.lance.source import check_daemon
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
 from shardcache.sources.options import PlanHints
 from shardcache.spec import PipelineSpec
@@ -102,7 +102,7 @@ class Dataset:
                 and `plan_following` ((epoch, urls) groups read after this dataset); `mini_epochs` sets
                 both, and neither changes the data or fingerprint.
                 Shard kinds (tars, jsonl, parquet) take the partitioning options (see
-                `shardcache.sources.partition` and docs/cluster.md): `placement` ("auto": "node" when the
+                `shardcache.sources.deal.partition` and docs/cluster.md): `placement` ("auto": "node" when the
                 context spans several nodes, else "global"; "node": each node keeps a fixed share of the
                 units across epochs, reshuffled among its ranks and workers every epoch; "global": a fresh
                 global deal every epoch), `exchange` (a fraction of each node's units moved to other
@@ -302,7 +302,7 @@ class Dataset:
             self._clock.advance_to(after + 1)
 
     def count_samples(self, context: RuntimeContext | None = None, *, always: bool = False) -> None:
-        """Run the counting pass `even=` needs now, in this process (`shardcache.sources.counting`).
+        """Run the counting pass `even=` needs now, in this process (`shardcache.sources.deal.counting`).
 
         `Dataset.__iter__` and `TorchLoader` call it in the trainer's main process; call it yourself before
         handing the dataset to a plain torch DataLoader, whose workers cannot share counts. `always`: count

@@ -22,8 +22,8 @@ from shardcache.context import RuntimeContext
 from shardcache.memo import IdentityMemo
 from shardcache.node import Node
 from shardcache.sources import SourceNode, SourceSpec, node_class
-from shardcache.sources.counting import RunFacts, unit_counts
-from shardcache.sources.subset import select_units
+from shardcache.sources.deal.counting import RunFacts, unit_counts
+from shardcache.sources.deal.subset import select_units
 from shardcache.stages import CacheStage, Stage
 
 # How a pipeline becomes one slot's node chain (`shardcache.pipeline.build.build`), handed to the parts that

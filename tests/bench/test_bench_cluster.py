@@ -11,7 +11,7 @@ import pytest
 
 from bench import bench_cluster as cluster_sim
 from harness import belady_sim
-from shardcache.sources.partition import Partitioning
+from shardcache.sources.deal.partition import Partitioning
 
 
 def _trace(orders: list[list[list[tuple[int, int]]]]) -> list[belady_sim.Access]:

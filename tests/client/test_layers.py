@@ -214,7 +214,7 @@ def test_the_optional_client_modules_are_the_lance_writers() -> None:
     assert optional == [
         "shardcache.snapshots.build",
         "shardcache.snapshots.writer",
-        "shardcache.sources.lance_codec",
+        "shardcache.sources.lance.codec",
     ]
 
 
@@ -259,8 +259,8 @@ def folder_of(module: str) -> str:
 
 # Folder pairs that still import each other, each with why; this list only shrinks.
 KNOWN_FOLDER_KNOTS = {
-    # sources.pieces replays an old reader's shuffle buffer with a ShuffleStage (elastic resume), and the
-    # Lance ref stage reads rows through sources.lance_refs: both wait for the elastic origin to become
+    # sources.deal.pieces replays an old reader's shuffle buffer with a ShuffleStage (elastic resume), and the
+    # Lance ref stage reads rows through sources.lance.refs: both wait for the elastic origin to become
     # typed data owned by resume (issue 26, item 2) and for sources/lance/ to take the ref reader.
     frozenset({"shardcache.sources", "shardcache.stages"}),
 }

@@ -24,7 +24,7 @@ from harness.cluster import ClusterData, Node, NodeSet, rank_process_context, up
 from harness.cluster_ranks import Rank, read_part, read_rest, run_cluster
 from harness.shards import make_tar_shard
 from shardcache import merge_states
-from shardcache.sources.partition import owners, weights_of
+from shardcache.sources.deal.partition import owners, weights_of
 
 PER_NODE = 2
 EPOCHS = 3

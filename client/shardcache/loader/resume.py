@@ -38,7 +38,7 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
-from shardcache.sources.pieces import needs_counts
+from shardcache.sources.deal.pieces import needs_counts
 from shardcache.spec import PipelineSpec
 from shardcache.stages import Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
@@ -238,8 +238,8 @@ def _from_merged(
 
 
 def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[str, Any]:
-    """The origin of an elastic resume through a loader-side shuffle (`sources.pieces._loader_left`): each
-    old rank's shuffle progress, with the layout and partitioning its header recorded."""
+    """The origin of an elastic resume through a loader-side shuffle (`sources.deal.pieces._loader_left`):
+    each old rank's shuffle progress, with the layout and partitioning its header recorded."""
 
     def refuse(why: str) -> UnsupportedResume:
         return UnsupportedResume(

@@ -45,7 +45,7 @@ from shardcache.dataset import Dataset
 from shardcache.errors import StateError
 from shardcache.loader.watchdog import register_worker
 from shardcache.node import Node, State, field
-from shardcache.sources.counting import RunFacts
+from shardcache.sources.deal.counting import RunFacts
 
 logger = logging.getLogger(__name__)
 

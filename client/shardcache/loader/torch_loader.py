@@ -31,7 +31,7 @@ from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, st
 from shardcache.node import Node
 from shardcache.resume.job import job_state
 from shardcache.resume.state import LiveState
-from shardcache.sources.schedule import source_job
+from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from shardcache.resume.point import check_loaded, resume_point
 from shardcache.resume.state import STATE_VERSION, DatasetState, live_of, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
-from shardcache.sources.schedule import source_job
+from shardcache.sources.deal.schedule import source_job
 from shardcache.spec import PipelineSpec
 
 

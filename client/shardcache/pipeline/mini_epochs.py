@@ -20,8 +20,8 @@ import logging
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
-from shardcache.sources.schedule import source_job
+from shardcache.sources.deal.partition import PLACEMENT_SEED, owners, permutation, weights_of
+from shardcache.sources.deal.schedule import source_job
 from shardcache.spec import PipelineSpec
 from shardcache.stages.builders import positive_int
 

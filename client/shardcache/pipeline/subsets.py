@@ -1,7 +1,7 @@
 """`Dataset.split`, `sample` and `filter`: a pipeline with one more subset step on its source.
 
 The membership rules (which units or rows each step keeps) are the source layer's,
-`shardcache.sources.subset`; here each feature checks where it may be called and records its step in the
+`shardcache.sources.deal.subset`; here each feature checks where it may be called and records its step in the
 source's options (so the step is part of the fingerprint). Shard-level kinds (tars, jsonl) cut their shard
 list here, once; row- and row-group-level kinds select when their units are listed.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from shardcache.errors import ArgumentTypeError, ConfigError, UnsupportedOperation
 from shardcache.sources import KINDS
-from shardcache.sources.subset import SHARD_LEVEL, Step, normalize_fractions, sample_step, select_shards
+from shardcache.sources.deal.subset import SHARD_LEVEL, Step, normalize_fractions, sample_step, select_shards
 from shardcache.spec import PipelineSpec
 from shardcache.stages import CacheStage
 from shardcache.stages.cache import SNAPSHOT_SUBSET

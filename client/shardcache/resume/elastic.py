@@ -11,7 +11,7 @@ new rank with `load_state_dict`:
     >>> loader.load_state_dict(checkpoint["data"])  # on any topology  # doctest: +SKIP
 
 How it works: a source's state holds, besides its position, the layout and partitioning its epoch was
-planned with (`shardcache.sources.partition`). From the merged positions the new readers recompute the old
+planned with (`sources.deal.partition`). From the merged positions the new readers recompute the old
 plan and take what each old slot had not read yet: the rest of its current piece and its later pieces.
 Those remaining pieces are then planned on the new layout with the same placement rules (node placement
 keeps each piece on the new owner of its unit, `even=` cuts them equally) and the epoch continues; the next
@@ -41,7 +41,7 @@ from shardcache.errors import StateError, UnsupportedResume
 from shardcache.node import Node
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
-from shardcache.sources.partition import Layout
+from shardcache.sources.deal.partition import Layout
 from shardcache.spec import PipelineSpec
 from shardcache.stages import STAGE_SPECS, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage

@@ -5,7 +5,7 @@ node into a local Lance dataset, with exact invalidation.
 the public methods keep their names. Modules: `boundary` (the `.cache()` stage checked, and a pipeline cut
 there), `snapshot` (`Dataset.snapshot`), `identity` (checks and the plan fingerprint, from
 `fingerprint`), `build` (`materialise`: parts, locks, merge), `pipeline` (iterating one part, leading maps
-in parallel via `parallel`), `writer` (samples to Lance and back, with `shardcache.sources.lance_codec`),
+in parallel via `parallel`), `writer` (samples to Lance and back, with `shardcache.sources.lance.codec`),
 `store` (on-disk layout, atomic publication, `ls`/`rm`), `config` and `entries` (mvp-dataset's
 `CacheConfig` and entry listing), `cli`. Lance and pyarrow are imported only when a snapshot is built or
 read.

@@ -76,7 +76,7 @@ def cut_at_cache(spec: PipelineSpec, ctx: RuntimeContext, build_nodes: NodeBuild
     subset = options.pop(SNAPSHOT_SUBSET, None)  # split()/sample() of the snapshot (`pipeline.subsets`)
     path = materialise(spec.with_stages(spec.stages[:last]), ctx, options, build_nodes)
     # `.cache()` rows keep the metadata of the samples written (row_metadata=False, see
-    # sources.lance_rows); snapshot() rows get the metadata of the snapshot's own dataset, as in mvp-dataset
+    # sources.lance.rows); snapshot() rows get the metadata of the snapshot's own dataset, as in mvp-dataset
     # (the upstream's was stored as __source_key__/__source_file__).
     fresh_metadata = options.get(SNAPSHOT_IDENTITY) is not None
     hints = PlanHints(row_metadata=fresh_metadata, subset=subset or None)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.durable import read_json, write_json_atomic
+from shardcache.durable import publish, read_json, write_json_atomic
 from shardcache.errors import CacheError, ConfigError
 from shardcache.formatting import callable_name
 from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
@@ -44,11 +44,10 @@ from shardcache.snapshots.store import (
     DATASET_MARKER,
     PART_MARKER,
     EntryPaths,
-    publish,
     resolve_cache_root,
 )
 from shardcache.snapshots.writer import _lance, read_rows, write_rows
-from shardcache.sources.lance_codec import RowEncoder
+from shardcache.sources.lance.codec import RowEncoder
 from shardcache.spec import NodeBuilder, PipelineSpec
 
 logger = logging.getLogger(__name__)

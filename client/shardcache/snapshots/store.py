@@ -18,19 +18,16 @@ only a temporary directory, which the next builder removes.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import shutil
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardcache import envvars
-from shardcache.durable import fsync_dir, fsync_tree, read_json
+from shardcache.durable import FileLock, read_json
 from shardcache.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -46,53 +43,6 @@ def resolve_cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     """The cache root: `cache_dir`, else `$SHARDCACHE_CACHE_DIR` (else its alias `$MVP_DATASET_CACHE_DIR`),
     else `.cache` in the working directory (`envvars.cache_root`, shared with the Lance indexes)."""
     return envvars.cache_root(cache_dir)
-
-
-class FileLock:
-    """An exclusive `fcntl.flock` on a lock file; released on close or when the holder dies."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def try_acquire(self) -> bool:
-        """Take the lock if it is free; return whether this process holds it now."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return False
-            raise
-        self._fd = fd
-        return True
-
-    def acquire(self, deadline: float, what: str) -> None:
-        """Wait for the lock until `deadline` (time.monotonic()); CacheError after it."""
-        delay = 0.01
-        while not self.try_acquire():
-            if time.monotonic() >= deadline:
-                raise CacheError(
-                    f"timed out waiting for {self.path}: another process is still building {what}. Raise "
-                    f"the timeout (cache_timeout= or SHARDCACHE_CACHE_TIMEOUT seconds), or stop the other "
-                    f"job and remove the entry with `shardcache cache rm`"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-
-    def release(self) -> None:
-        """Release the lock (idempotent)."""
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-    def __enter__(self) -> FileLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 @dataclass(frozen=True)
@@ -147,14 +97,6 @@ class EntryPaths:
         return path
 
 
-def publish(tmp: Path, final: Path) -> None:
-    """Make `tmp` (already holding its data and marker) visible at `final` in one rename."""
-    fsync_tree(tmp)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-
-
 @dataclass(frozen=True)
 class CacheEntry:
     """One entry under the cache root, as `shardcache cache ls` shows it."""
@@ -187,7 +129,7 @@ def cache_ls(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry
     if not root.is_dir():
         return []
     entries = []
-    # "_locks" and "_tmp" are the Lance indexes' shared folders (sources.lance_store), not entries.
+    # "_locks" and "_tmp" are the Lance indexes' shared folders (sources.lance.store), not entries.
     for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         paths = EntryPaths(path)
         marker = read_json(paths.dataset_dir / DATASET_MARKER) or {}

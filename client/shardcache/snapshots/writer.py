@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardcache.errors import ConfigError
-from shardcache.sources.lance_codec import LayoutChange, RowEncoder, decode_batches
+from shardcache.sources.lance.codec import LayoutChange, RowEncoder, decode_batches
 
 logger = logging.getLogger(__name__)
 

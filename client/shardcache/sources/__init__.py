@@ -8,17 +8,18 @@ from types import ModuleType
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources import jsonl, lance, parquet, tars
+from shardcache.sources import jsonl, parquet, tars
 from shardcache.sources.base import SourceNode
-from shardcache.sources.partition import Unit, check_partition_options
-from shardcache.sources.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
+from shardcache.sources.deal.partition import Unit, check_partition_options
+from shardcache.sources.deal.schedule import PLAN_OPTIONS, check_plan_options, check_shuffle_mode
+from shardcache.sources.deal.subset import check_subset
+from shardcache.sources.lance import source as lance
 from shardcache.sources.spec import SourceSpec, check_on_error
-from shardcache.sources.subset import check_subset
 
-# The shard kinds' partitioning options (`shardcache.sources.partition`).
+# The shard kinds' partitioning options (`shardcache.sources.deal.partition`).
 PARTITION_OPTIONS = ("placement", "even", "exchange")
 
-# Every kind takes a row/unit subset (`shardcache.sources.subset`, set by split() and sample()).
+# Every kind takes a row/unit subset (`shardcache.sources.deal.subset`, set by split() and sample()).
 SUBSET_OPTIONS = ("subset",)
 
 # kind -> (module, node class name, accepted keyword arguments besides context/daemon, data suffix)

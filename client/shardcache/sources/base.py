@@ -34,18 +34,26 @@ from shardcache.errors import (
 from shardcache.node import Node, State
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
-from shardcache.sources.counting import RunFacts, unit_counts
-from shardcache.sources.opener import ShardOpener
-from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
-from shardcache.sources.pieces import needs_counts, remaining_pieces
-from shardcache.sources.schedule import (
+from shardcache.sources.deal.counting import RunFacts, unit_counts
+from shardcache.sources.deal.partition import (
+    Layout,
+    Partitioning,
+    Piece,
+    Unit,
+    plan_epoch,
+    resolve,
+    weights_of,
+)
+from shardcache.sources.deal.pieces import needs_counts, remaining_pieces
+from shardcache.sources.deal.schedule import (
     PlanTracker,
     slot_order,
     source_job,
 )
+from shardcache.sources.deal.subset import select_units
+from shardcache.sources.opener import ShardOpener
+from shardcache.sources.options import SourceOptions
 from shardcache.sources.spec import SourceSpec
-from shardcache.sources.subset import select_units
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +66,7 @@ class SourceNode(Node):
     """Iterates one slot's units in epoch order; subclasses say what the units are and how to read one."""
 
     uses_daemon = True
-    # Whether `shardcache.sources.partition` deals this kind's units (lance plans its own rows).
+    # Whether `shardcache.sources.deal.partition` deals this kind's units (lance plans its own rows).
     partitionable = True
     # Whether every unit's sample count comes with its metadata (parquet footers): no counting pass.
     counted_by_metadata = False
@@ -117,7 +125,7 @@ class SourceNode(Node):
 
     @property
     def partitioning(self) -> Partitioning:
-        """Placement and equal-work mode for this reader (`shardcache.sources.partition`)."""
+        """Placement and equal-work mode for this reader (`shardcache.sources.deal.partition`)."""
         if self._partitioning is None:
             opts = self.options
             resolved = resolve(opts.placement, opts.even, opts.exchange, self.ctx, self.facts.distributed())
@@ -130,7 +138,7 @@ class SourceNode(Node):
 
     @property
     def partitioned(self) -> bool:
-        """Whether `shardcache.sources.partition` plans this reader (else the kind's own `order`)."""
+        """Whether `shardcache.sources.deal.partition` plans this reader (else the kind's own `order`)."""
         return self.origin is not None or (self.partitionable and self.partitioning.layered)
 
     def slot_pieces(self, units: Sequence[Unit], round_index: int) -> list[Piece]:
@@ -180,7 +188,7 @@ class SourceNode(Node):
         return sum(1 for _ in self.read(unit, None, 0))
 
     def gen(self) -> Iterator[dict[str, Any]]:
-        # Subsets (split/sample) of unit-level kinds; shardcache.sources.subset says which kinds are cut here.
+        # Subsets (split/sample) of unit-level kinds; sources.deal.subset says which kinds are cut here.
         units = select_units(self.spec.kind, self.units(), self.spec.hints.subset)
         resample = self.spec.resample
         # Pieces of the partition layer carry the pad mark; a kind that cuts its own rows marks them itself.

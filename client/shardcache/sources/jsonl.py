@@ -23,9 +23,9 @@ from shardcache.errors import ConfigError, CorruptShardError, ShardError
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
+from shardcache.sources.deal.partition import Unit, permutation
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Unit, permutation
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
 TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"
@@ -63,7 +63,7 @@ class JsonlSource(SourceNode):
     options: JsonlOptions
 
     def units(self) -> list[Unit]:
-        if self.partitioned:  # whole files, cut by `shardcache.sources.partition`
+        if self.partitioned:  # whole files, cut by `shardcache.sources.deal.partition`
             return [Unit(ref, count=ref.num_samples) for ref in self.spec.shards]
         total = self.ctx.total_slots
         return [Unit(ref, part) for ref in self.spec.shards for part in range(total)]

@@ -34,7 +34,7 @@ class PlanHints:
         plan_following: (epoch, urls) groups read after this dataset, announced to the daemon as the "next"
             plan (`mini_epochs`).
         node_owners: (url, node group) pairs a larger dataset decided under node placement (`mini_epochs`).
-        subset: The split/sample steps (`sources.subset`); part of the data, so of the fingerprint.
+        subset: The split/sample steps (`sources.deal.subset`); part of the data, so of the fingerprint.
         filter: Lance predicates, alternatives of conjunctions (`Dataset.filter`); part of the fingerprint.
         row_metadata: Whether lance rows get `__key__`/`__file__`/... (False: a `.cache()` read-back, whose
             rows keep the metadata they were written with).
@@ -74,7 +74,7 @@ class PlanHints:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """What every kind reads: resampling, errors, partitioning (`sources.partition`)."""
+    """What every kind reads: resampling, errors, partitioning (`sources.deal.partition`)."""
 
     resample: bool = False
     on_error: str = "raise"

@@ -3,7 +3,7 @@
 A unit is a chunk of `min_row_groups_per_chunk` consecutive row groups of one file (default 1; a file's last
 chunk holds what is left), as mvp-dataset 0.2.3 schedules them. When that gives fewer chunks than slots, every
 row group is its own chunk again, so no slot is left without work. `use_threads` is passed to pyarrow's
-reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.schedule`'s.
+reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.deal.schedule`'s.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 from shardcache.errors import ConfigError, CorruptShardError
 from shardcache.sources.base import SKIPPABLE, SourceNode
 from shardcache.sources.corrupt import report_corrupt
+from shardcache.sources.deal.partition import Unit
+from shardcache.sources.deal.schedule import slot_order
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Unit
-from shardcache.sources.schedule import slot_order
 from shardcache.sources.spec import check_columns_and_batch_size
 
 logger = logging.getLogger(__name__)

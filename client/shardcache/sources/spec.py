@@ -14,10 +14,10 @@ from shardcache.errors import ConfigError
 from shardcache.formatting import callable_name
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
-from shardcache.sources.lance_order import shown as lance_shown
+from shardcache.sources.deal.schedule import order_neutral, shuffles_units
+from shardcache.sources.lance.order import shown as lance_shown
 from shardcache.sources.opener import DaemonSetting
 from shardcache.sources.options import PlanHints
-from shardcache.sources.schedule import order_neutral, shuffles_units
 
 ON_ERROR = ("raise", "skip")
 _DESCRIPTIONS: IdentityMemo[str] = IdentityMemo()
@@ -57,7 +57,7 @@ class SourceSpec:
 
     @property
     def shuffles_units(self) -> bool:
-        """Whether the unit order is permuted per epoch (`shuffle_mode`, see `sources.schedule`)."""
+        """Whether the unit order is permuted per epoch (`shuffle_mode`, see `sources.deal.schedule`)."""
         return shuffles_units(self.kind, self.options)
 
     def describe(self) -> str:

@@ -19,9 +19,9 @@ from shardcache.errors import ConfigError, CorruptShardError
 from shardcache.shards import ShardRef
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
-from shardcache.sources.counting import unit_key
+from shardcache.sources.deal.counting import unit_key
+from shardcache.sources.deal.partition import ShardUnits, Unit
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import ShardUnits, Unit
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
 logger = logging.getLogger(__name__)

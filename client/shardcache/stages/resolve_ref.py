@@ -2,7 +2,7 @@
 
 The stage is a 1:1 stage over any samples (dicts, or lists of dicts after `.batch()`): it reads
 `resolve_batch_size` samples ahead, fetches their values with one Lance `take` per reference dataset
-(`shardcache.sources.lance_refs`: the columns, the tables, the lookup) and emits them in order. Its resume
+(`shardcache.sources.lance.refs`: the columns, the tables, the lookup) and emits them in order. Its resume
 state is its upstream's state at the start of the current read-ahead plus how many of it were emitted, so a
 resume re-reads at most one read-ahead and skips what was emitted.
 """
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from shardcache.errors import ConfigError, StateError
 from shardcache.node import Node, State
-from shardcache.sources.lance_refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
+from shardcache.sources.lance.refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
 from shardcache.stages.builders import positive_int
 from shardcache.stages.traits import StageTraits
 

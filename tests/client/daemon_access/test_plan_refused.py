@@ -8,7 +8,7 @@ import pytest
 
 from harness.shards import ShardSet
 from shardcache.daemon_access.daemon_client import DaemonClient
-from shardcache.sources.schedule import PlanTracker
+from shardcache.sources.deal.schedule import PlanTracker
 
 
 def test_a_plan_over_the_daemons_bound_is_logged_once_and_reads_go_on(
@@ -18,7 +18,7 @@ def test_a_plan_over_the_daemons_bound_is_logged_once_and_reads_go_on(
     paths = local_shards.local_paths
     with DaemonClient(daemon.socket, required=True) as client:
         tracker = PlanTracker(client, "job", 0)
-        with caplog.at_level(logging.WARNING, logger="shardcache.sources.schedule"):
+        with caplog.at_level(logging.WARNING, logger="shardcache.sources.deal.schedule"):
             assert tracker.start(0, paths, lambda: paths) is None
             assert not tracker.stale()  # no re-registration before every shard
             assert tracker.start(1, paths, lambda: paths) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 from harness.pipelines import keys, make_tars, plans_when
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
-from shardcache.sources.schedule import slot_order
+from shardcache.sources.deal.schedule import slot_order
 
 DEADLINE_S = 30.0
 

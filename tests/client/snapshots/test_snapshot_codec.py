@@ -11,7 +11,7 @@ import pytest
 lance = pytest.importorskip("lance")
 
 from shardcache.snapshots.writer import read_rows, write_rows  # noqa: E402
-from shardcache.sources.lance_codec import RowEncoder, decode_value, encode_value, native_type  # noqa: E402
+from shardcache.sources.lance.codec import RowEncoder, decode_value, encode_value, native_type  # noqa: E402
 from tests.client.snapshots.cache_helpers import assert_same_samples  # noqa: E402
 
 

@@ -13,8 +13,8 @@ from harness.pipelines import make_tars
 from shardcache import Dataset, RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
+from shardcache.sources.deal.schedule import slot_order
 from shardcache.sources.options import PlanHints
-from shardcache.sources.schedule import slot_order
 
 
 def resident(client: DaemonClient) -> dict[str, float | None]:

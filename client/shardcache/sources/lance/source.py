@@ -3,7 +3,7 @@
 shuffle_mode:
 - "none": each slot reads a contiguous range of rows in order (the mode `.cache()` reads back with).
 - "global": an exact permutation of all rows from (seed, epoch); slot s reads positions s, s+T, ... (take).
-- "chunk": mvp-dataset's bounded-window shuffle (`chunk_shuffle=`, see `sources.lance_order`); slots are
+- "chunk": mvp-dataset's bounded-window shuffle (`chunk_shuffle=`, see `sources.lance.order`); slots are
   dealt positions of that order as under "global".
 - "random_scan": fragments are dealt to slots and scanned out of order (approximate shuffle, higher
   throughput); falls back to "global" when there are fewer fragments than slots. Its order inside a fragment
@@ -13,7 +13,7 @@ Remote datasets are read by Lance's own object store, not through the node daemo
 is refused). `storage_options=` is passed to Lance; for `s3://` URIs the endpoint, region and keys of the
 AWS environment the rest of the client uses are filled in (`aws_storage_options`), given options winning.
 
-Row subsets (`Dataset.filter`, `split`, `sample`; `shardcache.sources.subset`) are row-exact: the source first
+Row subsets (`Dataset.filter`, `split`, `sample`; `sources.deal.subset`) are row-exact: the source first
 fixes
 its row space (the rows matching `filter`, then those the subset keeps, in source order) and every mode reads
 only those rows; "random_scan" reads whole fragments, so over a row subset it falls back to "global".
@@ -21,9 +21,9 @@ only those rows; "random_scan" reads whole fragments, so over a row subset it fa
 Each dataset is read at the version `from_source` discovered (`PlanHints.versions`; unpinned when it did
 not open then): rows written after the pipeline was built are not read. A filter's matching rows come from
 a persistent index under the unified cache root, built once per dataset version and predicate groups and
-read back by every later reader (`sources.lance_index`).
+read back by every later reader (`sources.lance.index`).
 
-Every sample carries `__file__`, `__local_index__`, `__global_index__` and `__key__` (`sources.lance_rows`).
+Every sample carries `__file__`, `__local_index__`, `__global_index__` and `__key__` (`sources.lance.rows`).
 `read_batch_size` is the rows per Lance read call (default: `batch_size`, the rows per unit); it changes
 neither the rows nor their order.
 """
@@ -40,21 +40,21 @@ import numpy as np
 
 from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode
-from shardcache.sources.lance_access import lance_module, storage_options_for
-from shardcache.sources.lance_index import filter_positions
-from shardcache.sources.lance_order import (
+from shardcache.sources.deal.partition import Unit
+from shardcache.sources.deal.schedule import slot_order
+from shardcache.sources.deal.subset import select_rows
+from shardcache.sources.lance.access import lance_module, storage_options_for
+from shardcache.sources.lance.index import filter_positions
+from shardcache.sources.lance.order import (
     SHUFFLE_MODES,
     check_chunk_shuffle,
     check_read_batch_size,
     row_sequence,
 )
-from shardcache.sources.lance_refs import parse_ref_columns
-from shardcache.sources.lance_rows import LanceRows
+from shardcache.sources.lance.refs import parse_ref_columns
+from shardcache.sources.lance.rows import LanceRows
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Unit
-from shardcache.sources.schedule import slot_order
 from shardcache.sources.spec import check_columns_and_batch_size
-from shardcache.sources.subset import select_rows
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def check_options(options: dict[str, Any]) -> None:
     if "filter" in options:
         check_filter(options["filter"])
     check_storage_options(options.get("storage_options"))
-    parse_ref_columns(options.get("ref_columns"))  # resolved by Dataset.resolve_ref (sources.lance_refs)
+    parse_ref_columns(options.get("ref_columns"))  # resolved by Dataset.resolve_ref (sources.lance.refs)
 
 
 def check_storage_options(value: Any) -> None:
@@ -133,12 +133,12 @@ class LanceOptions(SourceOptions):
     shuffle_mode: str = "none"
     chunk_shuffle: Mapping[str, Any] | None = None
     storage_options: Mapping[str, str] | None = None
-    ref_columns: Any = None  # parsed by sources.lance_refs for Dataset.resolve_ref
+    ref_columns: Any = None  # parsed by sources.lance.refs for Dataset.resolve_ref
 
 
 class LanceSource(SourceNode):
     uses_daemon = False
-    partitionable = False  # rows are planned here (shuffle_mode), not by shardcache.sources.partition
+    partitionable = False  # rows are planned here (shuffle_mode), not by shardcache.sources.deal.partition
     options_class = LanceOptions
     options: LanceOptions
 
@@ -191,7 +191,7 @@ class LanceSource(SourceNode):
         batch = self.options.batch_size
         refs = self.spec.shards
         total, slot = self.ctx.total_slots, self.ctx.slot
-        even = self.partitioning.even  # rows are cut here, not by shardcache.sources.partition
+        even = self.partitioning.even  # rows are cut here, not by shardcache.sources.deal.partition
         if even is not None:
             self._even_rows(units, even, batch)
         elif self.mode == "random_scan":

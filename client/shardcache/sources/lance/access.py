@@ -1,6 +1,6 @@
 """How the client reaches Lance: the package itself (an optional dependency) and the storage options of a URI.
 
-Shared by the lance source (`sources.lance`) and the reference columns (`sources.lance_refs`).
+Shared by the lance source (`sources.lance`) and the reference columns (`sources.lance.refs`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from shardcache.context import RuntimeContext
 from shardcache.errors import UnsupportedResume
 from shardcache.node import Node
+from shardcache.sources.deal.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.sources.options import PlanHints
-from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.stages.shuffle import ShuffleStage
 
 

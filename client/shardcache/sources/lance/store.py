@@ -28,7 +28,6 @@ rebuilt (`ensure`), never served. The rebuild may reuse the files of the broken 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -43,7 +42,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from shardcache import envvars
-from shardcache.durable import fsync_dir, fsync_tree
+from shardcache.durable import FileLock, publish
 
 logger = logging.getLogger(__name__)
 
@@ -179,19 +178,13 @@ class IndexEntry:
         manifest = None if broken else self.load()
         if manifest is not None:
             return manifest
-        lock_path = self.root / "_locks" / f"{self._label}.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # Blocking: a builder that dies drops its flock, so a waiter never waits on a dead process.
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        # Blocking: a builder that dies drops its flock, so a waiter never waits on a dead process.
+        with FileLock(self.root / "_locks" / f"{self._label}.lock").held():
             manifest = self.load()
             # Another process may have built (or rebuilt) it while this one waited.
             if manifest is not None and (not broken or self._all_check(manifest)):
                 return manifest
             return self._build(build)
-        finally:
-            os.close(fd)  # closing the descriptor drops the flock
 
     def _all_check(self, manifest: Mapping[str, Any]) -> bool:
         return all(self.read_checked(manifest, name) is not None for name in manifest["files"])
@@ -221,17 +214,12 @@ class IndexEntry:
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
             (tmp / COMPLETE).write_text("", encoding="utf-8")
-            fsync_tree(tmp)
             source_json = final.parent.parent / "source.json"
             final.parent.mkdir(parents=True, exist_ok=True)
             if not source_json.is_file():
                 source_json.write_text(json.dumps({"kind": "lance", "datasets": list(self.source)}, indent=1))
-            if final.exists():  # a broken entry: moved aside in one rename, so no reader sees it half gone
-                trash = tmp_root / f"{self._label}.trash.{uuid.uuid4().hex[:8]}"
-                os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.rename(tmp, final)
-            fsync_dir(final.parent)
+            # A broken entry there is moved aside first, named so the next holder's cleanup finds it.
+            publish(tmp, final, aside=tmp_root / f"{self._label}.trash.{uuid.uuid4().hex[:8]}")
             return manifest
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already when published

@@ -9,7 +9,7 @@ import pytest
 from shardcache import Dataset
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError
-from shardcache.sources.lance_access import aws_storage_options, storage_options_for
+from shardcache.sources.lance.access import aws_storage_options, storage_options_for
 
 ROWS = 50
 

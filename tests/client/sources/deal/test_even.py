@@ -27,7 +27,7 @@ from shardcache.sources.manifests import write_manifest
 TAR_SAMPLES = (23, 7, 31, 12, 5, 19, 28)  # 125 samples in 7 shards of unequal size
 JSONL_LINES = (17, 4, 26, 9, 11)
 PARQUET_ROW_GROUPS = ((10, 3, 7), (12,), (5, 5, 1, 9))  # rows per row group, per file
-COUNTING_LOGGER = "shardcache.sources.counting"
+COUNTING_LOGGER = "shardcache.sources.deal.counting"
 
 
 class Files:

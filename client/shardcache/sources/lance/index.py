@@ -1,6 +1,6 @@
 """The persistent Lance indexes: a filter's matching rows, and a reference table's key -> row map.
 
-Both are entries of `sources.lance_store` (mvp-dataset 0.2.3's cache layout under the unified cache root),
+Both are entries of `sources.lance.store` (mvp-dataset 0.2.3's cache layout under the unified cache root),
 keyed by the datasets' pinned versions, so a new version (an append, an overwrite) or another predicate
 makes a new entry and an entry is never stale:
 
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from shardcache.errors import CacheError, InvalidPredicate
-from shardcache.sources.lance_rows import ROW_ADDRESS, positions
-from shardcache.sources.lance_store import IndexEntry, Reusable, dataset_identity
+from shardcache.sources.lance.rows import ROW_ADDRESS, positions
+from shardcache.sources.lance.store import IndexEntry, Reusable, dataset_identity
 
 logger = logging.getLogger(__name__)
 

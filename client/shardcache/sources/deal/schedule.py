@@ -37,8 +37,8 @@ from shardcache.errors import ConfigError, DaemonRequestError
 from shardcache.jobs import default_job, job_named, shards_hash
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
-from shardcache.sources.lance_order import fingerprint_neutral
-from shardcache.sources.partition import shuffled
+from shardcache.sources.deal.partition import shuffled
+from shardcache.sources.lance.order import fingerprint_neutral
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def order_neutral(kind: str, name: str, value: Any) -> bool:
     Such options stay out of the fingerprints, so spelling a default out keeps saved states valid:
     the kind's default `shuffle_mode`, `min_row_groups_per_chunk=1`, parquet's `use_threads` (pyarrow
     decodes the same rows either way), and lance's `read_batch_size` and default `chunk_shuffle`
-    (`sources.lance_order`).
+    (`sources.lance.order`).
     """
     if kind == "lance":
         # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's

@@ -1,4 +1,4 @@
-"""The partitioning layer on its own (`shardcache.sources.partition`): who reads which samples in an epoch.
+"""The partitioning layer on its own (`sources.deal.partition`): who reads which samples in an epoch.
 
 Pure functions, no I/O: every property below is checked over generated unit counts and layouts.
 """
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcache.sources.partition import (
+from shardcache.sources.deal.partition import (
     Layout,
     Partitioning,
     Piece,

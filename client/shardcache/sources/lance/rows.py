@@ -66,7 +66,7 @@ class LanceRows:
 
     def take(self, rows: Sequence[int], cols: list[str] | None, read_batch: int) -> Iterator[dict[str, Any]]:
         """The rows at global indexes `rows`, in that order, `read_batch` rows per Lance read call."""
-        from shardcache.sources.lance_codec import decode_batch
+        from shardcache.sources.lance.codec import decode_batch
 
         starts = np.asarray(self.starts, dtype=np.int64)
         for first in range(0, len(rows), read_batch):
@@ -88,7 +88,7 @@ class LanceRows:
         self, d: int, offset: int, count: int, cols: list[str] | None, read_batch: int
     ) -> Iterator[dict[str, Any]]:
         """`count` rows of dataset d from `offset` on, in order."""
-        from shardcache.sources.lance_codec import decode_batch
+        from shardcache.sources.lance.codec import decode_batch
 
         if count <= 0:
             return
@@ -102,7 +102,7 @@ class LanceRows:
         self, d: int, fragment: int, cols: list[str] | None, read_batch: int
     ) -> Iterator[dict[str, Any]]:
         """Every row of one fragment of dataset d, in the order Lance scans it (not deterministic)."""
-        from shardcache.sources.lance_codec import decode_batch
+        from shardcache.sources.lance.codec import decode_batch
 
         ds = self.datasets[d]
         scanner = ds.scanner(

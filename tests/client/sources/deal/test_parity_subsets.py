@@ -20,7 +20,7 @@ import pytest
 
 from harness.pipelines import assert_resumes, make_tars, slot_contexts
 from shardcache import ConfigError, Dataset, RuntimeContext
-from shardcache.sources.subset import select
+from shardcache.sources.deal.subset import select
 
 
 class Files:

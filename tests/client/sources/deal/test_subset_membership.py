@@ -1,6 +1,6 @@
 """Subset membership is mvp-dataset 0.2.3's: the same split()/sample() arguments keep the same members.
 
-The expected members are worked out by hand from mvp-dataset's rules (in `shardcache.sources.subset`):
+The expected members are worked out by hand from mvp-dataset's rules (in `shardcache.sources.deal.subset`):
 
 - unit sources (tars and jsonl shards, parquet row groups weighted by rows): part k ends at the weight bound
   (f_0 + ... + f_k) * W; a unit opens the next part once the weight before it reaches the bound. A sample
@@ -25,7 +25,7 @@ import pytest
 
 from harness.pipelines import make_tars
 from shardcache import Dataset, RuntimeContext
-from shardcache.sources.subset import normalize_fractions, permute_positions, select, select_rows
+from shardcache.sources.deal.subset import normalize_fractions, permute_positions, select, select_rows
 
 
 class Five:

@@ -10,8 +10,8 @@ import pytest
 from shardcache import RuntimeContext
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
-from shardcache.sources.partition import ShardUnits, Unit, permutation
-from shardcache.sources.schedule import PlanTracker, job_id, slot_order, source_job
+from shardcache.sources.deal.partition import ShardUnits, Unit, permutation
+from shardcache.sources.deal.schedule import PlanTracker, job_id, slot_order, source_job
 
 
 def old_slot_order(n: int, ctx: RuntimeContext, epoch: int, round_index: int, shuffle: bool) -> list[int]:

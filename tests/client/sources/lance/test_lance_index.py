@@ -1,4 +1,4 @@
-"""The persistent Lance indexes (sources.lance_index, sources.lance_store): a filter's rows and a reference
+"""The persistent Lance indexes (sources.lance.index, sources.lance.store): a filter's rows and a reference
 table's key -> row map, built once per dataset version under the unified cache root and reused; and the
 dataset versions a pipeline pins when it is built."""
 
@@ -19,7 +19,7 @@ pa = pytest.importorskip("pyarrow")
 
 from shardcache import CacheConfig, Dataset  # noqa: E402
 from shardcache.errors import InvalidPredicate  # noqa: E402
-from shardcache.sources import lance_index  # noqa: E402
+from shardcache.sources.lance import index as lance_index  # noqa: E402
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_another_process_reads_the_index_without_scanning(tmp_path: Path, cache:
     assert values(Dataset.from_source("lance", uri).filter("value < 4")) == [0, 1, 2, 3]
     script = (
         "from shardcache import Dataset\n"
-        "from shardcache.sources import lance_index\n"
+        "from shardcache.sources.lance import index as lance_index\n"
         "def refuse(*a, **k):\n"
         "    raise AssertionError('scanned again')\n"
         "lance_index._part_rows = refuse\n"

@@ -16,7 +16,7 @@ The resolver is a 1:1 stage over any samples (dicts, or lists of dicts after `.b
 emits them in order. Its resume state is its upstream's state at the start of the current read-ahead plus
 how many of it were emitted, so a resume re-reads at most one read-ahead and skips what was emitted.
 The key -> row map of a reference table (its pinned versions) is an on-disk index under the unified cache
-root (`lance-ref-index-v1`, `sources.lance_index`), built by the first process that needs it and read by
+root (`lance-ref-index-v1`, `sources.lance.index`), built by the first process that needs it and read by
 the others; each process then holds it as a dict. `index=` is accepted and validated for compatibility:
 its `build_strategy` and `bucket_count` choose nothing here (one builder, one file).
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardcache.errors import ConfigError
-from shardcache.sources.lance_access import lance_module, storage_options_for
-from shardcache.sources.lance_index import ref_rows
+from shardcache.sources.lance.access import lance_module, storage_options_for
+from shardcache.sources.lance.index import ref_rows
 
 BUILD_STRATEGIES = ("auto", "in_memory", "bucketed")
 
@@ -138,7 +138,7 @@ class RefTable:
                 for uri, v in zip(self.ref.uris, versions, strict=True)
             ]
             # The key -> row map of these versions is built once into the cache root and read back by
-            # every later process (sources.lance_index), instead of scanning the key column in each.
+            # every later process (sources.lance.index), instead of scanning the key column in each.
             self._rows = ref_rows(self._datasets, self.ref.uris, self.ref.key_column)
         return self._rows
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext, in_main_process, torch_distributed
-from shardcache.sources.partition import PLACEMENT_SEED, Partitioning, Unit, owners
+from shardcache.sources.deal.partition import PLACEMENT_SEED, Partitioning, Unit, owners
 
 logger = logging.getLogger(__name__)
 
