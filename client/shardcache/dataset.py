@@ -33,8 +33,9 @@ from shardcache.resume.state import LiveState, ended_epoch
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.snapshots.boundary import cached
 from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
-from shardcache.sources import SourceSpec, canonical_kind, check_options, data_suffix
+from shardcache.sources import SourceSpec, canonical_kind, check_options
 from shardcache.sources.deal.counting import RunFacts
+from shardcache.sources.kinds import kind_of
 from shardcache.sources.lance.access import discover_versions
 from shardcache.sources.lance.source import check_daemon
 from shardcache.sources.opener import DaemonSetting, check_daemon_setting
@@ -123,16 +124,17 @@ class Dataset:
             raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
         check_daemon_setting(daemon)
         check_options(kind, options)
-        if kind == "lance":
+        traits = kind_of(kind)
+        if traits.own_object_store:  # datasets named as given, read without the daemon
             if isinstance(shards, (str, ShardRef)) or not isinstance(shards, Sequence):
                 shards = [shards]
             refs = [s if isinstance(s, ShardRef) else ShardRef(str(s)) for s in shards]
             check_daemon(daemon)
-            daemon = None  # Lance reads its URIs with its own object-store support.
+            daemon = None
         else:
-            refs = expand_shards(shards, data_suffix=data_suffix(kind))
+            refs = expand_shards(shards, data_suffix=traits.data_suffix)
         given, hints = PlanHints.split(options)
-        if kind == "lance":
+        if traits.own_object_store:  # each dataset's version, as the snapshot identity records it
             urls = [ref.url for ref in refs]
             versions = discover_versions(urls, given.get("storage_options"))
             hints = dataclasses.replace(hints, versions=versions or None)

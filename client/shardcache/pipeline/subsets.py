@@ -18,8 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from shardcache.errors import ArgumentTypeError, ConfigError, UnsupportedOperation
-from shardcache.sources import KINDS
-from shardcache.sources.deal.subset import SHARD_LEVEL, Step, normalize_fractions, sample_step, select_shards
+from shardcache.sources.deal.subset import Step, normalize_fractions, sample_step, select_shards
+from shardcache.sources.kinds import kind_of, registered
 from shardcache.spec import PipelineSpec
 from shardcache.stages import CacheStage
 from shardcache.stages.cache import SNAPSHOT_SUBSET
@@ -27,7 +27,7 @@ from shardcache.stages.cache import SNAPSHOT_SUBSET
 
 def _derive(spec: PipelineSpec, step: Step, what: str, min_units: int) -> PipelineSpec:
     source = spec.source
-    if source.kind not in KINDS:
+    if source.kind not in registered():
         raise ConfigError(
             f"{what}: a mixed dataset cannot be split or sampled; {what.split('(')[0]} each dataset before "
             "mixing it",
@@ -36,7 +36,7 @@ def _derive(spec: PipelineSpec, step: Step, what: str, min_units: int) -> Pipeli
     if spec.cached:
         return _derive_snapshot(spec, step, what)
     shards = source.shards
-    if source.kind in SHARD_LEVEL:
+    if kind_of(source.kind).subset_level == "shard":
         shards = select_shards(source.kind, shards, step, min_units)
     subset = (*(source.hints.subset or ()), step)
     return spec.with_source(replace(source, shards=tuple(shards), hints=replace(source.hints, subset=subset)))
@@ -115,7 +115,7 @@ def filter_rows(
     ``(a) AND (b)`` predicate. `index` is accepted for mvp-dataset compatibility: None or an empty mapping.
     """
     source = spec.source
-    if source.kind != "lance":
+    if source.kind not in registered() or not kind_of(source.kind).filters_rows:
         raise UnsupportedOperation(
             f"filter({predicate!r}): only the lance source filters rows (this dataset reads "
             f"{source.kind!r}); use .map() and skip samples downstream instead",

@@ -22,6 +22,7 @@ import fsspec
 from shardcache.errors import CacheError, ConfigError
 from shardcache.shards import has_protocol, local_path
 from shardcache.snapshots.fingerprint import Fingerprinter, fingerprint_of, is_local
+from shardcache.sources.kinds import kind_of
 from shardcache.stages.traits import StageTraits
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
     remote: dict[str, list[str]] = defaultdict(list)
     for url in urls:
         try:
-            if kind == "lance":
+            if kind_of(kind).own_object_store:
                 versions[url] = _lance_version(url)
             elif not has_protocol(url) or url.startswith("file://"):
                 versions[url] = _local_version(local_path(url))

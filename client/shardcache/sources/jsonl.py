@@ -24,6 +24,7 @@ from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.deal.partition import Unit, permutation
+from shardcache.sources.kinds import SourceKind
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
@@ -177,3 +178,14 @@ class TarRefResolver:
         while self._open:
             _, (stack, _, _) = self._open.popitem()
             stack.close()
+
+
+KIND = SourceKind(
+    "jsonl",
+    options=("resample", "ref_fields", "on_error", "shuffle_mode"),
+    check_options=check_options,
+    data_suffix=".jsonl",
+    unit_shuffle_modes=("shard_aware", "none"),
+    shuffle_mode_code="UnsupportedJsonlShuffleMode",
+    subset_level="shard",
+)

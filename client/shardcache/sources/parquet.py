@@ -20,6 +20,7 @@ from shardcache.sources.base import SKIPPABLE, SourceNode
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.partition import Unit
 from shardcache.sources.deal.schedule import slot_order
+from shardcache.sources.kinds import SourceKind
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.spec import check_columns_and_batch_size
 
@@ -161,3 +162,28 @@ class ParquetSource(SourceNode):
                     yield row
                 start = max(0, start - n)
                 index += n
+
+
+def _order_neutral(name: str, value: Any) -> bool:
+    # pyarrow decodes the same rows with or without threads; one row group per chunk is the default.
+    return name == "use_threads" or (name == "min_row_groups_per_chunk" and value == 1)
+
+
+KIND = SourceKind(
+    "parquet",
+    options=(
+        "resample",
+        "columns",
+        "batch_size",
+        "use_threads",
+        "on_error",
+        "shuffle_mode",
+        "min_row_groups_per_chunk",
+    ),
+    check_options=check_options,
+    data_suffix=".parquet",
+    unit_shuffle_modes=("chunk_aware", "none"),
+    shuffle_mode_code="UnsupportedParquetShuffleMode",
+    subset_level="unit",
+    order_neutral=_order_neutral,
+)

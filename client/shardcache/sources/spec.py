@@ -15,7 +15,7 @@ from shardcache.formatting import callable_name
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.deal.schedule import order_neutral, shuffles_units
-from shardcache.sources.lance.order import shown as lance_shown
+from shardcache.sources.kinds import kind_of
 from shardcache.sources.opener import DaemonSetting
 from shardcache.sources.options import PlanHints
 
@@ -68,7 +68,7 @@ class SourceSpec:
     def _describe(self) -> str:
 
         def show(value: Any, name: str = "") -> str:
-            canonical = lance_shown(name, value) if self.kind == "lance" else None
+            canonical = kind_of(self.kind).shown(name, value)
             if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
                 return canonical
             if callable(value):

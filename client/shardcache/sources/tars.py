@@ -21,6 +21,7 @@ from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.deal.counting import unit_key
 from shardcache.sources.deal.partition import ShardUnits, Unit
+from shardcache.sources.kinds import SourceKind
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.tarfmt import iter_tar_samples, iter_tar_samples_stream, sample_index
 
@@ -162,3 +163,14 @@ class TarsSource(SourceNode):
                         )
                     sample[k] = v
             yield sample
+
+
+KIND = SourceKind(
+    "tars",
+    options=("resample", "sidecars", "on_corrupt", "on_error", "shuffle_mode"),
+    check_options=check_options,
+    data_suffix=".tar",
+    unit_shuffle_modes=("shard_aware", "none"),
+    shuffle_mode_code="UnsupportedTarShuffleMode",
+    subset_level="shard",
+)

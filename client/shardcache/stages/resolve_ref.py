@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from shardcache.errors import ConfigError, StateError
 from shardcache.node import Node, State
+from shardcache.sources.kinds import kind_of, registered
 from shardcache.sources.lance.refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
 from shardcache.stages.builders import positive_int
 from shardcache.stages.traits import StageTraits
@@ -81,7 +82,9 @@ def resolve_ref_stage(
     source: Any, names: str | Sequence[str], resolve_batch_size: int, index: Any
 ) -> ResolveRefStage:
     """The stage `Dataset.resolve_ref(names, ...)` adds over a lance source with `ref_columns`."""
-    options = getattr(source, "options", {}) if getattr(source, "kind", None) == "lance" else {}
+    kind = getattr(source, "kind", None)
+    resolves = isinstance(kind, str) and kind in registered() and kind_of(kind).resolves_refs
+    options = getattr(source, "options", {}) if resolves else {}
     configured = {ref.column: ref for ref in parse_ref_columns(options.get("ref_columns"))}
     wanted = [names] if isinstance(names, str) else list(names)
     if not wanted or not all(isinstance(n, str) and n for n in wanted):

@@ -38,7 +38,7 @@ from shardcache.jobs import default_job, job_named, shards_hash
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.deal.partition import shuffled
-from shardcache.sources.lance.order import fingerprint_neutral
+from shardcache.sources.kinds import kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -53,25 +53,10 @@ NextUrls = Callable[[], Sequence[str]]
 PLAN_OPTIONS = ("plan_following", "job", "node_owners")
 
 
-# kind -> its shuffle modes, the default first (mvp-dataset 0.2.3; lance has its own, see sources.lance).
-SHUFFLE_MODES: dict[str, tuple[str, ...]] = {
-    "tars": ("shard_aware", "none"),
-    "jsonl": ("shard_aware", "none"),
-    "parquet": ("chunk_aware", "none"),
-}
-
-
-# mvp-dataset's error code of a refused shuffle_mode, per kind.
-SHUFFLE_MODE_CODES = {
-    "tars": "UnsupportedTarShuffleMode",
-    "jsonl": "UnsupportedJsonlShuffleMode",
-    "parquet": "UnsupportedParquetShuffleMode",
-}
-
-
 def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
-    """Validate `shuffle_mode` for a shard kind, naming the values it accepts."""
-    modes = SHUFFLE_MODES.get(kind)
+    """Validate `shuffle_mode` for a kind the deal shuffles, naming the values it accepts."""
+    traits = kind_of(kind)
+    modes = traits.unit_shuffle_modes
     if modes is None or "shuffle_mode" not in options:
         return
     mode = options["shuffle_mode"]
@@ -80,32 +65,28 @@ def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
         raise ConfigError(
             f"shuffle_mode={mode!r}: {kind} accepts {' or '.join(map(repr, modes))}{hint}; "
             f"the default {modes[0]!r} shuffles the units per epoch, 'none' keeps source order",
-            code=SHUFFLE_MODE_CODES[kind],
+            code=traits.shuffle_mode_code,
         )
 
 
 def shuffles_units(kind: str, options: Any) -> bool:
     """Whether a source permutes its units per epoch (every kind but an explicit shuffle_mode="none")."""
-    return kind not in SHUFFLE_MODES or options.get("shuffle_mode", SHUFFLE_MODES[kind][0]) != "none"
+    modes = kind_of(kind).unit_shuffle_modes
+    return modes is None or options.get("shuffle_mode", modes[0]) != "none"
 
 
 def order_neutral(kind: str, name: str, value: Any) -> bool:
     """Whether option `name=value` reads the same samples in the same order as leaving it out does.
 
-    Such options stay out of the fingerprints, so spelling a default out keeps saved states valid:
-    the kind's default `shuffle_mode`, `min_row_groups_per_chunk=1`, parquet's `use_threads` (pyarrow
-    decodes the same rows either way), and lance's `read_batch_size` and default `chunk_shuffle`
-    (`sources.lance.order`).
+    Such options stay out of the fingerprints, so spelling a default out keeps saved states valid: the
+    deal's default `shuffle_mode` of the kind, and the options the kind names itself (`SourceKind
+    .order_neutral`: parquet's `use_threads`, lance's `read_batch_size`, ...).
     """
-    if kind == "lance":
-        # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's
-        # own description carries the references it resolves.
-        return name == "ref_columns" or fingerprint_neutral(name, value)
-    if name == "shuffle_mode":
-        return kind in SHUFFLE_MODES and value == SHUFFLE_MODES[kind][0]
-    if kind == "parquet":
-        return name == "use_threads" or (name == "min_row_groups_per_chunk" and value == 1)
-    return False
+    traits = kind_of(kind)
+    if traits.order_neutral(name, value):
+        return True
+    modes = traits.unit_shuffle_modes
+    return name == "shuffle_mode" and modes is not None and value == modes[0]
 
 
 def check_plan_options(options: dict[str, Any]) -> None:

@@ -34,16 +34,12 @@ from typing import Any
 import numpy as np
 
 from shardcache.errors import ConfigError
+from shardcache.sources.kinds import kind_of
 
 Step = tuple[Any, ...]
 Subset = tuple[Step, ...]
 SplitOrder = Callable[[int], Any]
 """A shuffled source's row order over n rows (a permutation of ``range(n)``), for `select_rows`."""
-
-# Kinds whose unit is a whole shard: their subsets are cut from the shard list when split()/sample() is
-# called (`select_shards`), so the readers' unit lists (which may depend on the slot count) are untouched.
-SHARD_LEVEL = frozenset({"tars", "jsonl"})
-ROW_LEVEL = frozenset({"lance"})
 
 
 def normalize_fractions(fractions: Any) -> tuple[float, ...]:
@@ -285,7 +281,10 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> Sequ
     Raises:
         ConfigError: the subset keeps no unit (name the source's kind and what to change).
     """
-    if not subset or kind in SHARD_LEVEL or kind in ROW_LEVEL:
+    # Kinds of whole shards were cut from the shard list when split()/sample() was called (`select_shards`,
+    # so the readers' unit lists, which may depend on the slot count, are untouched); row-level kinds cut
+    # their rows themselves.
+    if not subset or kind_of(kind).subset_level != "unit":
         # A list is copied (a kind may refill its copy per epoch: lance); a lazy one stays lazy (tars).
         return list(units) if isinstance(units, list) else units
     sizes = [1 if getattr(u, "count", None) is None else int(u.count) for u in units]

@@ -43,13 +43,16 @@ from shardcache.sources.base import SourceNode
 from shardcache.sources.deal.partition import Unit
 from shardcache.sources.deal.schedule import slot_order
 from shardcache.sources.deal.subset import select_rows
+from shardcache.sources.kinds import SourceKind
 from shardcache.sources.lance.access import lance_module, storage_options_for
 from shardcache.sources.lance.index import filter_positions
 from shardcache.sources.lance.order import (
     SHUFFLE_MODES,
     check_chunk_shuffle,
     check_read_batch_size,
+    fingerprint_neutral,
     row_sequence,
+    shown,
 )
 from shardcache.sources.lance.refs import parse_ref_columns
 from shardcache.sources.lance.rows import LanceRows
@@ -310,3 +313,33 @@ class LanceSource(SourceNode):
         chunking = self.options.chunk_shuffle
         seed = self.ctx.seed
         return lambda n: np.asarray(row_sequence(order_mode, n, chunking, seed, 0, 0), dtype=np.int64)
+
+
+def _order_neutral(name: str, value: Any) -> bool:
+    # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's own
+    # description carries the references it resolves.
+    return name == "ref_columns" or fingerprint_neutral(name, value)
+
+
+KIND = SourceKind(
+    "lance",
+    options=(
+        "resample",
+        "columns",
+        "batch_size",
+        "read_batch_size",
+        "shuffle_mode",
+        "chunk_shuffle",
+        "filter",
+        "storage_options",
+        "ref_columns",
+    ),
+    check_options=check_options,
+    data_suffix=None,
+    subset_level="row",
+    order_neutral=_order_neutral,
+    shown=shown,
+    own_object_store=True,
+    filters_rows=True,
+    resolves_refs=True,
+)
