@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",
         (
+            "shardcache.buffer_shuffle",
             "shardcache.context",
             "shardcache.durable",
             "shardcache.envvars",
@@ -257,15 +258,6 @@ def folder_of(module: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
 
-# Folder pairs that still import each other, each with why; this list only shrinks.
-KNOWN_FOLDER_KNOTS = {
-    # sources.deal.pieces replays an old reader's shuffle buffer with a ShuffleStage (elastic resume), and the
-    # Lance ref stage reads rows through sources.lance.refs: both wait for the elastic origin to become
-    # typed data owned by resume (issue 26, item 2) and for sources/lance/ to take the ref reader.
-    frozenset({"shardcache.sources", "shardcache.stages"}),
-}
-
-
 def test_folders_import_each_other_in_one_direction_only() -> None:
     """Within the client each folder is a unit a reader takes in at once: folders form a DAG too (the
     vocabulary every folder uses, `node` and `spec`, sits below them)."""
@@ -288,6 +280,5 @@ def test_folders_import_each_other_in_one_direction_only() -> None:
         return False
 
     # Two folders are knotted when each reaches the other (directly or through others).
-    knots = {frozenset({a, b}) for a in edges for b in edges[a] if reaches(b, a)}
-    assert knots - KNOWN_FOLDER_KNOTS == set(), sorted(sorted(knot) for knot in knots - KNOWN_FOLDER_KNOTS)
-    assert KNOWN_FOLDER_KNOTS - knots == set(), "a known knot is gone: remove it from KNOWN_FOLDER_KNOTS"
+    knots = sorted(sorted({a, b}) for a in edges for b in edges[a] if reaches(b, a))
+    assert knots == [], f"folders importing each other (move the shared part below both): {knots}"

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from shardcache.buffer_shuffle import effective_initial, replay, rng_seed
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.node import Node, State, field
@@ -53,9 +54,7 @@ class ShuffleStage(StageTraits):
         )
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
-        base = ctx.sample_shuffle_seed if self.seed is None else self.seed
-        rng_seed = f"shuffle:{base}:{ctx.epoch}"
-        return ShuffleNode(up, self.buffer_size, self.initial, rng_seed)
+        return ShuffleNode(up, self.buffer_size, self.initial, rng_seed(ctx, self.seed))
 
     def describe(self) -> str:
         return f"shuffle({self.buffer_size},{self.initial},{self.seed})"
@@ -72,7 +71,7 @@ class ShuffleNode(Node):
         super().__init__()
         self.up = up
         self.buffer_size = buffer_size
-        self.initial = buffer_size if initial is None else max(1, min(initial, buffer_size))
+        self.initial = effective_initial(buffer_size, initial)
         self.rng_seed = rng_seed
         self._buf: list[Any] = []
         self._emitted = 0
@@ -80,43 +79,6 @@ class ShuffleNode(Node):
         # (input index, upstream state before that input), oldest first; the first is at or before the
         # oldest input in the buffer.
         self._marks: deque[tuple[int, State]] = deque()
-
-    def _simulate(self, taken: int, emitted: int) -> tuple[random.Random, list[int], bool]:
-        """The RNG and the buffer (as input indices) after `taken` inputs and `emitted` outputs."""
-        rng = random.Random(self.rng_seed)
-        randrange = rng.randrange
-        size, initial = self.buffer_size, self.initial
-        buf: list[int] = []
-        grow = False
-        out = 0
-        for i in range(taken):
-            buf.append(i)
-            n = len(buf)
-            if n < initial:
-                continue
-            if n < size:
-                grow = not grow
-                if grow:
-                    continue
-            j = randrange(n)
-            buf[j], buf[-1] = buf[-1], buf[j]
-            buf.pop()
-            out += 1
-        if out > emitted:
-            raise StateError(f"shuffle resume state is inconsistent ({emitted} outputs after {taken} inputs)")
-        for _ in range(emitted - out):  # the state was taken while draining after the upstream ended
-            if not buf:
-                raise StateError(f"shuffle resume state emits {emitted} of only {taken} inputs")
-            j = randrange(len(buf))
-            buf[j], buf[-1] = buf[-1], buf[j]
-            buf.pop()
-        return rng, buf, grow
-
-    def buffered_inputs(self, taken: int, emitted: int) -> list[int]:
-        """The input indices still in the buffer after `taken` inputs and `emitted` outputs: with every
-        input before `taken` not among them, that is what this shuffle had emitted (an elastic resume
-        reads the rest, `shardcache.resume.elastic`)."""
-        return self._simulate(taken, emitted)[1]
 
     def gen(self) -> Iterator[Any]:
         up, marks = self.up, self._marks
@@ -129,7 +91,7 @@ class ShuffleNode(Node):
         else:
             state, self._pending = self._pending, None
             taken, emitted, at = state["taken"], state["emitted"], state["at"]
-            rng, idx, grow = self._simulate(taken, emitted)
+            rng, idx, grow = replay(self.rng_seed, self.buffer_size, self.initial, taken, emitted)
             it = up.iterator()
             wanted = set(idx)
             found: dict[int, Any] = {}
@@ -164,7 +126,8 @@ class ShuffleNode(Node):
             if n < initial:
                 continue
             if n < size:
-                # Between `initial` and `buffer_size` the buffer grows by one every second input.
+                # The rule of `shardcache.buffer_shuffle` (inline: this is the hot loop); between `initial`
+                # and `buffer_size` the buffer grows by one every second input.
                 grow = not grow
                 if grow:
                     continue

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from shardcache.buffer_shuffle import buffered_inputs
 from shardcache.context import RuntimeContext
 from shardcache.errors import UnsupportedResume
-from shardcache.node import Node
 from shardcache.sources.deal.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.sources.options import PlanHints
-from shardcache.stages.shuffle import ShuffleStage
 
 
 class _Described(Protocol):
@@ -106,8 +105,11 @@ def remaining_pieces(
             continue  # read below, rank by rank
         progress = origin["slots"].get(str(slot), (0, 0))
         if isinstance(progress, dict):
-            shuffle = _shuffle_node(node, origin["shuffle"], origin, layout.ranks, layout.workers, slot)
-            buffered = sorted(shuffle.buffered_inputs(progress["taken"], progress["emitted"]))
+            old = _old_slot(node, origin, layout.ranks, layout.workers, slot)
+            buffer_size, initial, seed = origin["shuffle"]
+            buffered = sorted(
+                buffered_inputs(old, buffer_size, initial, seed, progress["taken"], progress["emitted"])
+            )
             left.extend(_not_emitted(pieces, progress["taken"], buffered))
             continue
         pos, index = progress
@@ -128,12 +130,9 @@ def _sized(piece: Piece, counts: list[int] | None) -> Piece:
     return Piece(piece.unit, piece.start, counts[piece.unit], piece.pad)
 
 
-def _shuffle_node(
-    node: Replaying, params: list[Any], origin: dict[str, Any], ranks: int, workers: int, slot: int
-) -> Any:
-    """An old reader's shuffle, rebuilt to replay its buffer (its seed derives from the old slot)."""
-    buffer_size, initial, seed = params
-    old = RuntimeContext(
+def _old_slot(node: Replaying, origin: dict[str, Any], ranks: int, workers: int, slot: int) -> RuntimeContext:
+    """The context an old reader ran its shuffle in (its seed derives from the old slot)."""
+    return RuntimeContext(
         rank=slot // workers,
         world_size=ranks,
         worker_id=slot % workers,
@@ -141,7 +140,6 @@ def _shuffle_node(
         seed=node.ctx.seed,
         epoch=int(origin["epoch"]),
     )
-    return ShuffleStage(buffer_size, initial, seed).node(Node(), old)
 
 
 def _not_emitted(pieces: list[Piece], taken: int, buffered: list[int]) -> list[Piece]:
@@ -177,8 +175,9 @@ def _loader_left(
     left: list[Piece] = []
     for rank in range(layout.ranks):
         taken, emitted = loader["ranks"][str(rank)]
-        shuffle = _shuffle_node(node, loader["shuffle"], origin, layout.ranks, 1, rank)
-        buffered = set(shuffle.buffered_inputs(taken, emitted))
+        buffer_size, initial, seed = loader["shuffle"]
+        old = _old_slot(node, origin, layout.ranks, 1, rank)
+        buffered = set(buffered_inputs(old, buffer_size, initial, seed, taken, emitted))
         streams = [plan[rank * workers + w] for w in range(workers)]
         sizes = [sum(p.size for p in stream) for stream in streams]
         frontier = [0] * workers  # samples of each worker among the first `taken` the shuffle took
