@@ -38,7 +38,8 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
-from shardcache.sources.deal.pieces import needs_counts
+from shardcache.sources.deal.partition import Layout, Partitioning
+from shardcache.sources.deal.pieces import ElasticOrigin, LoaderShuffleOrigin, ShuffleProgress, needs_counts
 from shardcache.spec import PipelineSpec
 from shardcache.stages import Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
@@ -237,7 +238,7 @@ def _from_merged(
     return None, {w: start for w in range(max(1, shape.num_workers))}, int(merged["epoch"])
 
 
-def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[str, Any]:
+def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> ElasticOrigin:
     """The origin of an elastic resume through a loader-side shuffle (`sources.deal.pieces._loader_left`):
     each old rank's shuffle progress, with the layout and partitioning its header recorded."""
 
@@ -260,7 +261,7 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[s
         raise refuse("only map and select in the dataset (one sample per input)")
     if shape.drop_last:
         raise refuse("drop_last=False for the workers' batches")
-    ranks: dict[str, list[int]] = {}
+    ranks: dict[int, ShuffleProgress] = {}
     first = merged["states"][0]
     if first.get("partitioning") is None:
         raise refuse("a state taken by this version (it records the partitioning)")
@@ -268,22 +269,17 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[s
         node = state["pipeline"]
         for _ in stages[at + 1 :]:  # map and batch after the shuffle: their state is the shuffle's
             node = Node.state_below(node)
-        ranks[str(int(state["dp_rank"]))] = list(ShuffleNode.progress(node))
-    return {
-        "epoch": int(merged["epoch"]),
-        "layout": {
-            "groups": int(first["node_groups"]),
-            "ranks": int(first["dp_size"]),
-            "workers": max(1, int(first["num_workers"])),
-        },
-        "partitioning": first["partitioning"],
-        "slots": {},
-        "exhausted": [],
-        "origin": first.get("origin"),
-        "shuffle": None,
-        "loader": {
-            "batch": shape.batch_size or 1,
-            "shuffle": [shuffle.buffer_size, shuffle.initial, shuffle.seed],
-            "ranks": ranks,
-        },
-    }
+        ranks[int(state["dp_rank"])] = ShuffleProgress(*ShuffleNode.progress(node))
+    nested = first.get("origin")
+    return ElasticOrigin(
+        epoch=int(merged["epoch"]),
+        layout=Layout(int(first["node_groups"]), int(first["dp_size"]), max(1, int(first["num_workers"]))),
+        partitioning=Partitioning(*first["partitioning"]),
+        slots={},
+        exhausted=frozenset(),
+        origin=None if nested is None else ElasticOrigin.of(nested),
+        shuffle=None,
+        loader=LoaderShuffleOrigin(
+            shape.batch_size or 1, (shuffle.buffer_size, shuffle.initial, shuffle.seed), ranks
+        ),
+    )

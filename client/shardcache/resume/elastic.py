@@ -41,7 +41,8 @@ from shardcache.errors import StateError, UnsupportedResume
 from shardcache.node import Node
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
-from shardcache.sources.deal.partition import Layout
+from shardcache.sources.deal.partition import Layout, Partitioning
+from shardcache.sources.deal.pieces import ElasticOrigin, ShuffleProgress
 from shardcache.spec import PipelineSpec
 from shardcache.stages import STAGE_SPECS, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
@@ -186,7 +187,7 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
 
 def origin_of(
     entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch: int, stages: Sequence[Stage] = ()
-) -> dict[str, Any]:
+) -> ElasticOrigin:
     """The compact description of what an epoch had left: (slot, progress or None, exhausted)."""
     started = [state for _, state, _ in entries if state is not None]
     for state in started:
@@ -196,38 +197,39 @@ def origin_of(
             )
     first = started[0] if started else None
     shuffle = next((s for s in stages if isinstance(s, ShuffleStage)), None)
-    return {
-        "epoch": epoch,
-        "layout": None if first is None else first["layout"],
-        "partitioning": None if first is None else first["partitioning"],
-        "slots": {str(slot): _progress(state) for slot, state, _ in entries if state is not None},
-        "exhausted": sorted(slot for slot, _, done in entries if done),
-        "origin": None if first is None else first.get("origin"),
+    nested = None if first is None else first.get("origin")
+    return ElasticOrigin(
+        epoch=epoch,
+        layout=None if first is None else Layout(**first["layout"]),
+        partitioning=None if first is None else Partitioning(*first["partitioning"]),
+        slots={slot: _progress(state) for slot, state, _ in entries if state is not None},
+        exhausted=frozenset(slot for slot, _, done in entries if done),
+        origin=None if nested is None else ElasticOrigin.of(nested),
         # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
-        "shuffle": None if shuffle is None else [shuffle.buffer_size, shuffle.initial, shuffle.seed],
-        "loader": None,
-    }
+        shuffle=None if shuffle is None else (shuffle.buffer_size, shuffle.initial, shuffle.seed),
+        loader=None,
+    )
 
 
-def _progress(state: dict[str, Any]) -> list[int] | dict[str, int]:
+def _progress(state: dict[str, Any]) -> tuple[int, int] | ShuffleProgress:
     if "taken" in state:  # a shuffle's progress, as `source_position` adds it
-        return {"taken": state["taken"], "emitted": state["emitted"]}
+        return ShuffleProgress(int(state["taken"]), int(state["emitted"]))
     position = unit_position(state)
     assert position is not None, "source_position checked it"
-    return list(position)
+    return position
 
 
-def dataset_origin(spec: PipelineSpec, merged: dict[str, Any]) -> dict[str, Any]:
+def dataset_origin(spec: PipelineSpec, merged: dict[str, Any]) -> ElasticOrigin:
     entries = [(int(s["slot"]), source_position(spec.stages, s["pipeline"]), False) for s in merged["states"]]
     return origin_of(entries, int(merged["epoch"]), spec.stages)
 
 
 def own_or_origin(
     spec: PipelineSpec, merged: dict[str, Any], ctx: RuntimeContext
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+) -> tuple[dict[str, Any] | None, ElasticOrigin | None]:
     """This reader's own state when the layout is unchanged, else the origin of an elastic resume."""
     if merged["kind"] == "elastic":
-        return None, merged["origin"]
+        return None, ElasticOrigin.of(merged["origin"])
     if merged.get("of") != "dataset":
         raise StateError("a merged TorchLoader state loads with TorchLoader.load_state_dict")
     states = merged["states"]
@@ -248,6 +250,7 @@ def _same_layout(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext)
     )
 
 
-def elastic_state(fingerprint: str, origin: dict[str, Any]) -> dict[str, Any]:
+def elastic_state(fingerprint: str, origin: ElasticOrigin) -> dict[str, Any]:
     """A Dataset state that starts a reader of the new layout on what `origin` left."""
-    return {"version": STATE_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin}
+    state = {"version": STATE_VERSION, "kind": "elastic", "fingerprint": fingerprint}
+    return {**state, "origin": origin.as_state()}

@@ -26,6 +26,7 @@ from shardcache.resume.state import (
     unwrap,
 )
 from shardcache.sources.base import SourceNode, source_below
+from shardcache.sources.deal.pieces import ElasticOrigin
 from shardcache.spec import PipelineSpec
 from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
 
@@ -99,14 +100,17 @@ def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> N
 class ResumePoint:
     """Where one iteration starts: this reader's own checked `state`, or an elastic resume's `origin`."""
 
-    def __init__(self, state: dict[str, Any] | None, origin: dict[str, Any] | None) -> None:
+    def __init__(self, state: dict[str, Any] | None, origin: ElasticOrigin | None) -> None:
         self.state = state
         self.origin = origin
 
     @property
     def epoch(self) -> int:
         """The epoch the saved pass was in."""
-        return int((self.state if self.state is not None else self.origin or {})["epoch"])
+        if self.state is not None:
+            return int(self.state["epoch"])
+        assert self.origin is not None, "a resume point has a state or an origin"
+        return self.origin.epoch
 
     def restore(self, node: Node) -> None:
         """Put the freshly built `node` chain where the state left it (or its source at the origin)."""

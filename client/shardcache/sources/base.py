@@ -44,7 +44,7 @@ from shardcache.sources.deal.partition import (
     resolve,
     weights_of,
 )
-from shardcache.sources.deal.pieces import needs_counts, remaining_pieces
+from shardcache.sources.deal.pieces import ElasticOrigin, needs_counts, remaining_pieces
 from shardcache.sources.deal.schedule import (
     PlanTracker,
     slot_order,
@@ -85,7 +85,7 @@ class SourceNode(Node):
         self.index = 0
         self.skipped_shards = 0  # shards skipped under on_error/on_corrupt="skip" (see the module)
         # Set by an elastic resume: what the epoch had left when it was checkpointed on another layout.
-        self.origin: State | None = None
+        self.origin: ElasticOrigin | None = None
         self._opener: ShardOpener | None = None
         self._tracker: PlanTracker | None = None
         self._partitioning: Partitioning | None = None
@@ -147,9 +147,8 @@ class SourceNode(Node):
             return [Piece(u) for u in self.order(units, round_index)]
         return self.plan(units, round_index)[self.ctx.slot]
 
-    def plan(self, units: Sequence[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
+    def plan(self, units: Sequence[Unit], round_index: int) -> list[list[Piece]]:
         """Every slot's pieces in this epoch and round under this reader's layout."""
-
         part = self.partitioning
         counts = unit_counts(self, units) if part.even is not None or needs_counts(self.origin) else None
         if self.origin is not None and round_index == 0:
@@ -314,7 +313,7 @@ class SourceNode(Node):
             "partitioning": part.as_list(),
         }
         if self.origin is not None:
-            state["origin"] = self.origin
+            state["origin"] = self.origin.as_state()
         return state
 
     def load_state_dict(self, state: State) -> None:
@@ -338,7 +337,7 @@ class SourceNode(Node):
         origin = state.get("origin")
         if origin is not None and not isinstance(origin, dict):
             raise StateError(f"resume state field 'origin'={origin!r} must be an object")
-        self.origin = origin
+        self.origin = None if origin is None else ElasticOrigin.of(origin)
 
 
 def unit_position(state: State) -> tuple[int, int] | None:
