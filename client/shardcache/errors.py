@@ -92,6 +92,16 @@ class ConfigError(ShardcacheError, ValueError):
     """A bad argument; the message names the argument and what is accepted."""
 
 
+def positive_int(name: str, value: Any, why: str = "") -> int:
+    """`value` if it is an int >= 1, else ConfigError naming `name` (`why`: what the argument is for).
+
+    A bool is an int subclass, but True as a size is a mistake, not 1: it is refused too.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r}: expected a positive integer (an integer >= 1){why}")
+    return value
+
+
 class ArgumentTypeError(ConfigError, TypeError):
     """An argument of the wrong type: a ConfigError that is also the TypeError mvp-dataset raises there."""
 

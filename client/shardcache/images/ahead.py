@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.forksafe import background_work
 from shardcache.images.deferred import decode_batch, resolve_device
 
@@ -42,8 +42,7 @@ def decode_ahead(
         >>> for batch in images.decode_ahead(loader, "jpg", device="auto"):  # doctest: +SKIP
         ...     train_step(batch["jpg"])
     """
-    if depth < 1:
-        raise ConfigError(f"decode_ahead(depth={depth}): expected at least 1")
+    positive_int("depth", depth, " (batches decoded ahead of the step)")
     where = resolve_device(device)
     decode = _gpu_decoder(where, backend) if where != "cpu" else _cpu_decoder(backend)
     pending: deque[tuple[dict[str, Any], Future[tuple[Any, Any]]]] = deque()

@@ -14,7 +14,7 @@ from typing import Any, cast
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
 from shardcache.dataset import Dataset
-from shardcache.errors import ConfigError, UnsupportedResume
+from shardcache.errors import ConfigError, UnsupportedResume, positive_int
 from shardcache.frameworks import called_by_lightning
 from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
 from shardcache.loader.plain import PlainNode, PlainStream
@@ -109,7 +109,7 @@ class TorchLoader:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"num_workers={num_workers!r}: expected an integer >= 0")
         if batch_size is not None:
-            builders.positive_int("batch_size", batch_size)
+            positive_int("batch_size", batch_size)
         _check_scope("state_scope", state_scope)
         # A plain iterable: only `__iter__` and `set_epoch` look at it, through `_plain` and `_pipeline()`.
         self.dataset = cast(Dataset, dataset)

@@ -19,11 +19,10 @@ import dataclasses
 import logging
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.sources.deal.partition import PLACEMENT_SEED, owners, permutation, weights_of
 from shardcache.sources.deal.schedule import source_job
 from shardcache.spec import PipelineSpec
-from shardcache.stages.builders import positive_int
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.mix.stream import STRATEGIES
 from shardcache.pipeline.mixing import MixConfig, mix_root, named_members
 from shardcache.spec import PipelineSpec
@@ -53,8 +53,7 @@ def mixed_source(
     if unknown:
         raise ConfigError(f"weights={given!r}: {unknown} are not source names ({names})")
     for name, weight in given.items():
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-            raise ConfigError(f"weights[{name!r}]={weight!r}: expected a positive integer")
+        positive_int(f"weights[{name!r}]", weight)
     if context is not None and not isinstance(context, RuntimeContext):
         raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
     explicit = {ds.source.context for _, ds in members if ds.source.context is not None}

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.shards import ShardRef
 from shardcache.snapshots import materialise, validate_pre_cache
 from shardcache.snapshots.identity import frozen_identities
 from shardcache.sources import SourceSpec
 from shardcache.sources.options import PlanHints
 from shardcache.spec import NodeBuilder, PipelineSpec
-from shardcache.stages import CacheStage, Stage, builders
+from shardcache.stages import CacheStage, Stage
 from shardcache.stages.cache import SNAPSHOT_IDENTITY, SNAPSHOT_SUBSET
 
 CACHE_DEFAULTS: dict[str, Any] = {
@@ -50,9 +50,9 @@ def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:
             "ends; drop resample",
             code="InfiniteSnapshotSource",
         )
-    builders.positive_int("cache_num_workers", options["cache_num_workers"])
-    builders.positive_int("cache_write_batch_size", options["cache_write_batch_size"])
-    builders.positive_int("max_rows_per_fragment", options["max_rows_per_fragment"])
+    positive_int("cache_num_workers", options["cache_num_workers"])
+    positive_int("cache_write_batch_size", options["cache_write_batch_size"])
+    positive_int("max_rows_per_fragment", options["max_rows_per_fragment"])
     validate_pre_cache(spec.stages[last_cache(spec.stages) + 1 :])
     frozen = frozen_identities(spec.stages)
     # Only when there is a closure, so the description (and fingerprint) of other pipelines is unchanged.

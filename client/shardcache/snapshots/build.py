@@ -29,7 +29,7 @@ from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.durable import publish, read_json, write_json_atomic
-from shardcache.errors import CacheError, ConfigError
+from shardcache.errors import CacheError, ConfigError, positive_int
 from shardcache.formatting import callable_name
 from shardcache.snapshots.config import TIMEOUT_ENV, resolve_timeout_s
 from shardcache.snapshots.identity import (
@@ -88,9 +88,7 @@ class CacheOptions:
                 "taking no argument and returning a non-empty string"
             )
         for name in ("cache_num_workers", "cache_write_batch_size", "max_rows_per_fragment"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f".cache({name}={value!r}): must be an integer >= 1")
+            positive_int(name, getattr(self, name), " (an argument of .cache())")
         if self.cache_timeout is not None and not self.cache_timeout > 0:
             raise ConfigError(
                 f".cache(cache_timeout={self.cache_timeout!r}): must be a number of seconds > 0"

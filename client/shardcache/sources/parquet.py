@@ -15,14 +15,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardcache.errors import ConfigError, CorruptShardError
+from shardcache.errors import ConfigError, CorruptShardError, positive_int
 from shardcache.sources.base import SKIPPABLE, SourceNode
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.partition import Unit
 from shardcache.sources.deal.schedule import slot_order
 from shardcache.sources.kinds import SourceKind
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.spec import check_columns_and_batch_size
+from shardcache.sources.spec import DEFAULT_BATCH_ROWS, check_columns_and_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +31,7 @@ def check_options(options: dict[str, Any]) -> None:
     """Validate the parquet keyword arguments."""
     check_columns_and_batch_size(options)
     per_chunk = options.get("min_row_groups_per_chunk", 1)
-    if isinstance(per_chunk, bool) or not isinstance(per_chunk, int) or per_chunk < 1:
-        raise ConfigError(
-            f"min_row_groups_per_chunk={per_chunk!r}: expected an integer >= 1 "
-            "(consecutive row groups scheduled as one unit)"
-        )
+    positive_int("min_row_groups_per_chunk", per_chunk, " (consecutive row groups scheduled as one unit)")
     use_threads = options.get("use_threads", True)
     if not isinstance(use_threads, bool):
         raise ConfigError(f"use_threads={use_threads!r}: expected True or False (pyarrow's threaded reads)")
@@ -80,7 +76,7 @@ class ParquetOptions(SourceOptions):
     """The parquet source's options (`check_options` checks the keywords)."""
 
     columns: Sequence[str] | None = None
-    batch_size: int = 65536
+    batch_size: int = DEFAULT_BATCH_ROWS
     use_threads: bool = True
     shuffle_mode: str = "chunk_aware"
     min_row_groups_per_chunk: int = 1

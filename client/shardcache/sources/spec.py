@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.formatting import callable_name
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
@@ -23,14 +23,16 @@ ON_ERROR = ("raise", "skip")
 _DESCRIPTIONS: IdentityMemo[str] = IdentityMemo()
 
 
+# Rows per record batch of the tabular sources (parquet, lance) unless batch_size= says otherwise.
+DEFAULT_BATCH_ROWS = 65536
+
+
 def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
     """Validate the `columns` and `batch_size` keyword arguments of the tabular sources (parquet, lance)."""
     columns = options.get("columns")
     if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
         raise ConfigError(f"columns={columns!r}: expected a list of column names or None")
-    batch_size = options.get("batch_size", 65536)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: expected a positive integer")
+    positive_int("batch_size", options.get("batch_size", DEFAULT_BATCH_ROWS))
 
 
 def check_on_error(options: Mapping[str, Any]) -> None:

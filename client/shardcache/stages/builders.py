@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.stages.assemble import AssembleStage
 from shardcache.stages.balance import BalanceStage
 from shardcache.stages.batch import BatchStage
@@ -18,13 +18,6 @@ from shardcache.stages.map import MapStage
 from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
 from shardcache.stages.unbatch import UnbatchStage
-
-
-def positive_int(name: str, value: Any) -> int:
-    """`value` if it is an int >= 1 (not a bool), else ConfigError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r}: expected a positive integer")
-    return value
 
 
 def a_callable(name: str, value: Any) -> Any:

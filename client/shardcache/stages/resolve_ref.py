@@ -14,11 +14,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from shardcache.errors import ConfigError, StateError
+from shardcache.errors import ConfigError, StateError, positive_int
 from shardcache.node import Node, State
 from shardcache.sources.kinds import kind_of, registered
 from shardcache.sources.lance.refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
-from shardcache.stages.builders import positive_int
 from shardcache.stages.traits import StageTraits
 
 

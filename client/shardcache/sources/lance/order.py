@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shardcache.errors import ConfigError
+from shardcache.errors import ConfigError, positive_int
 from shardcache.sources.deal.partition import permutation
 
 SHUFFLE_MODES = ("none", "global", "chunk", "random_scan")
@@ -46,17 +46,10 @@ class ChunkShuffle:
 DEFAULT_CHUNK_SHUFFLE = ChunkShuffle()
 
 
-def _positive_int(name: str, value: Any) -> int:
-    # bool is an int subclass; True as a size is a mistake, not 1.
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name}={value!r}: expected a positive integer")
-    return value
-
-
 def check_read_batch_size(options: Mapping[str, Any]) -> None:
     """`read_batch_size`: rows per Lance read call, a positive integer (mvp-dataset's default is 1024)."""
     if "read_batch_size" in options:
-        _positive_int("read_batch_size", options["read_batch_size"])
+        positive_int("read_batch_size", options["read_batch_size"])
 
 
 def resolve_chunk_shuffle(value: Any) -> ChunkShuffle:
@@ -79,10 +72,10 @@ def resolve_chunk_shuffle(value: Any) -> ChunkShuffle:
     if row_order not in ROW_ORDERS:
         raise ConfigError(f"chunk_shuffle row_order={row_order!r}: expected one of {ROW_ORDERS}")
     return ChunkShuffle(
-        chunk_size=_positive_int(
+        chunk_size=positive_int(
             "chunk_shuffle chunk_size", value.get("chunk_size", DEFAULT_CHUNK_SHUFFLE.chunk_size)
         ),
-        k=_positive_int("chunk_shuffle k", value.get("k", DEFAULT_CHUNK_SHUFFLE.k)),
+        k=positive_int("chunk_shuffle k", value.get("k", DEFAULT_CHUNK_SHUFFLE.k)),
         row_order=str(row_order),
     )
 

@@ -57,7 +57,7 @@ from shardcache.sources.lance.order import (
 from shardcache.sources.lance.refs import parse_ref_columns
 from shardcache.sources.lance.rows import LanceRows
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.spec import check_columns_and_batch_size
+from shardcache.sources.spec import DEFAULT_BATCH_ROWS, check_columns_and_batch_size
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class LanceOptions(SourceOptions):
     """The lance source's options (`check_options` checks the keywords)."""
 
     columns: Sequence[str] | None = None
-    batch_size: int = 65536
+    batch_size: int = DEFAULT_BATCH_ROWS
     read_batch_size: int | None = None  # None: batch_size
     shuffle_mode: str = "none"
     chunk_shuffle: Mapping[str, Any] | None = None
