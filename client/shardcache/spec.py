@@ -111,14 +111,14 @@ class PipelineSpec:
         self.facts.capture()
         if self.composed or self.cached:
             return  # a mix's members count when they are read; a cached dataset's rows are lance's
+        kind = node_class(self.source.kind)
+        if not kind.partitionable or kind.counted_by_metadata:
+            return
+        if not always and kind.partitioning_for(self.source, ctx, self.facts).even is None:
+            return  # nothing to count: no reader is built for it
         node = self.source_node(ctx)
         try:
-            if (
-                node.partitionable
-                and not node.counted_by_metadata
-                and (node.partitioning.even is not None or always)
-            ):
-                units = select_units(self.source.kind, node.units(), self.source.hints.subset)
-                unit_counts(node, units)
+            units = select_units(self.source.kind, node.units(), self.source.hints.subset)
+            unit_counts(node, units)
         finally:
             node.close()

@@ -127,14 +127,21 @@ class SourceNode(Node):
     def partitioning(self) -> Partitioning:
         """Placement and equal-work mode for this reader (`shardcache.sources.deal.partition`)."""
         if self._partitioning is None:
-            opts = self.options
-            resolved = resolve(opts.placement, opts.even, opts.exchange, self.ctx, self.facts.distributed())
-            if self.spec.resample:  # an endless stream: every rank always has a next sample
-                resolved = Partitioning(resolved.placement, None, resolved.exchange)
-            if not self.partitionable:  # the kind cuts its own rows evenly; placement is for shards
-                resolved = Partitioning(even=resolved.even)
-            self._partitioning = resolved
+            self._partitioning = type(self).partitioning_for(self.spec, self.ctx, self.facts, self.options)
         return self._partitioning
+
+    @classmethod
+    def partitioning_for(
+        cls, spec: SourceSpec, ctx: RuntimeContext, facts: RunFacts, options: SourceOptions | None = None
+    ) -> Partitioning:
+        """The partitioning a reader of this kind uses for `spec` in `ctx`, without building one."""
+        opts = options if options is not None else cls.options_class.of(spec.options)
+        resolved = resolve(opts.placement, opts.even, opts.exchange, ctx, facts.distributed())
+        if spec.resample:  # an endless stream: every rank always has a next sample
+            resolved = Partitioning(resolved.placement, None, resolved.exchange)
+        if not cls.partitionable:  # the kind cuts its own rows evenly; placement is for shards
+            resolved = Partitioning(even=resolved.even)
+        return resolved
 
     @property
     def partitioned(self) -> bool:
