@@ -146,6 +146,8 @@ class Planner:
                     return plan, False
                 self.drop_plan(plan.id)
                 break
+        # Dropping the chain's only plan removed the chain; the new plan keeps it (and its pace) alive.
+        self._chains[(job, slot)] = chain
         plan = Plan(uuid.uuid4().hex, chain, epoch, urls, digest=digest)
         self._plans[plan.id] = plan
         chain.plans.append(plan)
