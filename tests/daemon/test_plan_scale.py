@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from shardcached.errors import DaemonError, Invalid, NotAllowed, PlanTooLarge
 from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList
-from shardcached.planbody import PlanBody, read_plan
+from shardcached.planbody import PlanBody, read_plan, read_prefetch
 from shardcached.planner import Planner
 from tests.support.daemon_api import api
 from tests.support.polling import wait_for
@@ -120,6 +120,22 @@ def test_plan_bodies_with_escapes_and_spacing_read_as_json_does() -> None:
 def test_a_malformed_plan_body_is_invalid(raw: bytes) -> None:
     with pytest.raises(Invalid):
         read_plan([raw], AllowList(["s3://b"]), max_urls=10)
+
+
+def test_a_prefetch_body_reads_to_its_canonical_urls() -> None:
+    raw = b'{"urls": ["S3://B/x.tar", "s3://b/d/../y.tar"]}'
+    assert read_prefetch([raw], AllowList(["s3://b"])) == ["s3://b/x.tar", "s3://b/y.tar"]
+
+
+@pytest.mark.parametrize("raw", [b'{"urls": []}', b"{}", b'{"urls": ["s3://b/x"], "job": "j"}'])
+def test_a_malformed_prefetch_body_is_invalid(raw: bytes) -> None:
+    with pytest.raises(Invalid):
+        read_prefetch([raw], AllowList(["s3://b"]))
+
+
+def test_a_prefetch_with_a_url_outside_the_allow_list_is_refused_naming_it() -> None:
+    with pytest.raises(NotAllowed, match="s3://other/x"):
+        read_prefetch([b'{"urls": ["s3://b/ok", "s3://other/x"]}'], AllowList(["s3://b"]))
 
 
 _SEGMENT = st.sampled_from(
