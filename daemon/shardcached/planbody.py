@@ -36,6 +36,10 @@ _WS = re.compile(rb"[ \t\n\r]*")
 # One JSON string (escapes allowed) and the separator after it.
 _STRING = re.compile(rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"')
 _SCALAR = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null')
+# Up to _BATCH strings without escapes, each followed by a comma, in one C call (the common case, ~20x
+# faster than one match per string; the GIL passes between runs): their text is then split by `findall`.
+_PLAIN_RUN = re.compile(rb'(?:"[^"\\\x00-\x1f]*"[ \t\n\r]*,[ \t\n\r]*){1,%d}' % _BATCH)
+_PLAIN_STRINGS = re.compile(r'"([^"]*)"')
 _URLS = TypeAdapter(list[ShardUrl])
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -160,8 +164,20 @@ def _urls(
     urls: list[str] = []
     if body[pos : pos + 1] == b"]":
         return urls, pos + 1
-    match_string, skip, append = _STRING.match, _skip, urls.append
+    match_string, match_run, skip, append = _STRING.match, _PLAIN_RUN.match, _skip, urls.append
     while True:
+        run = match_run(body, pos)
+        if run is not None:
+            try:
+                text = run.group(0).decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # read one by one below, which names the position
+            else:
+                urls.extend(_PLAIN_STRINGS.findall(text))
+                if len(urls) > max_urls:
+                    raise too_large()
+                pos = run.end()
+                continue
         match = match_string(body, pos)
         if match is None:
             raise _syntax(pos, "a url string")
