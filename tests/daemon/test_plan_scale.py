@@ -165,6 +165,11 @@ def test_checking_many_urls_by_directory_agrees_with_checking_each(
     assert got == expected
 
 
+def test_a_url_holding_a_newline_in_a_canonical_batch_is_refused() -> None:
+    with pytest.raises(DaemonError, match="control characters"):
+        AllowList(["s3://b"]).check_many(["s3://b/x.tar", "s3://b/y.tar\ns3://b/z.tar"])
+
+
 def test_a_symlink_in_a_plan_is_resolved_like_an_open_resolves_it(tmp_path: Path) -> None:
     (tmp_path / "allowed").mkdir()
     (tmp_path / "outside.tar").write_bytes(b"x")
