@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -78,6 +79,23 @@ def test_a_plan_dropped_while_being_indexed_stops_being_indexed() -> None:
     while indexer.step():
         pass
     assert plan.indexed == 0 and planner.next_use("a") is None
+
+
+def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    indexer = PlanIndexer(planner, chunk=2, freeze_at=3)
+    try:
+        plan = indexer.register(body([f"s3://b/{i}" for i in range(5)]))
+        assert not any(tracked is plan.urls for tracked in gc.get_objects())  # frozen: never walked
+    finally:
+        gc.unfreeze()
+
+
+def test_a_short_plan_stays_in_the_garbage_collectors_generations() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    plan = PlanIndexer(planner, chunk=2, freeze_at=100).register(body(["s3://b/x"]))
+    assert gc.get_freeze_count() == 0
+    assert gc.is_tracked(plan.urls)
 
 
 def test_retire_stale_drops_plans_and_leaves_their_entries_for_later() -> None:
