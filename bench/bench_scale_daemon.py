@@ -135,31 +135,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
     parser.add_argument("--baseline", type=Path, help="a checkout of main, measured in the same run")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every size and tree (tables each)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="scb-", dir="/tmp"))
     try:
-        trees: list[tuple[str, Path | None]] = [("this tree", None)]
-        if args.baseline is not None:
-            trees.append((f"baseline {args.baseline}", args.baseline.resolve()))
-        table: dict[str, dict[int, dict[str, float]]] = {}
-        for n in args.sizes:
-            for label, tree in trees:
-                table.setdefault(label, {})[n] = run_one(n, tree, work)
-        for label, results in table.items():
-            show(label, results)
-        if args.baseline is not None:
-            this, base = table["this tree"], table[trees[1][0]]
-            print("\nthis / baseline (worst hit wait, register answer):")
-            for n in args.sizes:
-                worst = max(this[n]["health_max_ms"], this[n]["open_max_ms"])
-                worst_base = max(base[n]["health_max_ms"], base[n]["open_max_ms"])
-                print(
-                    f"{n:>9}: worst wait {worst / worst_base:.3f}x, "
-                    f"register {this[n]['register_s'] / base[n]['register_s']:.2f}x"
-                )
+        for repeat in range(args.repeats):
+            run_all(args.sizes, args.baseline, work, f" (run {repeat + 1})" if args.repeats > 1 else "")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def run_all(sizes: list[int], baseline: Path | None, work: Path, suffix: str) -> None:
+    """Every size against this tree (and the baseline, interleaved), then the tables and ratios."""
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if baseline is not None:
+        trees.append((f"baseline {baseline}", baseline.resolve()))
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for n in sizes:
+        for label, tree in trees:
+            table.setdefault(label, {})[n] = run_one(n, tree, work)
+    for label, results in table.items():
+        show(label + suffix, results)
+    if baseline is not None:
+        this, base = table["this tree"], table[trees[1][0]]
+        print("\nthis / baseline (worst hit wait, register answer):")
+        for n in sizes:
+            worst = max(this[n]["health_max_ms"], this[n]["open_max_ms"])
+            worst_base = max(base[n]["health_max_ms"], base[n]["open_max_ms"])
+            print(
+                f"{n:>9}: worst wait {worst / worst_base:.3f}x, "
+                f"register {this[n]['register_s'] / base[n]['register_s']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
 from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.planbody import read_plan
+from shardcached.planbody import read_plan, read_prefetch
 from shardcached.service import ShardService
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
@@ -222,10 +222,18 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         service.indexer.wake()  # its index entries go in the background
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    @router.post("/prefetch", status_code=status.HTTP_202_ACCEPTED, responses=_errors(400, 403, 422))
-    async def prefetch(body: PrefetchRequest) -> PrefetchAccepted:
+    @router.post(
+        "/prefetch",
+        status_code=status.HTTP_202_ACCEPTED,
+        responses=_errors(400, 403, 422),
+        openapi_extra=_json_body(PrefetchRequest),
+    )
+    async def prefetch(request: Request) -> PrefetchAccepted:
         """Warm shards in the background; warming never evicts shards a plan needs."""
-        return PrefetchAccepted(urls=service.warm(body.urls))
+        # As a plan: read raw and checked in a worker thread, not on the event loop.
+        chunks = [chunk async for chunk in request.stream()]
+        urls = await asyncio.to_thread(read_prefetch, chunks, service.allow)
+        return PrefetchAccepted(urls=service.warm(urls))
 
     @router.get("/shards", responses=_errors(422))
     async def list_shards(

@@ -11,6 +11,7 @@ plans are dropped from the planner at once and their entries removed here afterw
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections import deque
 
@@ -21,14 +22,30 @@ from shardcached.plans import Plan
 logger = logging.getLogger(__name__)
 
 CHUNK = 5_000  # urls indexed or unindexed per step: a few ms of the loop
+FREEZE_AT = 50_000  # a plan this long moves the live objects out of the garbage collector's generations
+
+
+def _freeze() -> None:
+    """Move every object the collector tracks now into its permanent generation (`gc.freeze`).
+
+    The position index (url -> plan -> position) is one dict of up to millions of entries, and a new plan's
+    url list another million-slot container: every collection of their generation walks them (~85-170 ms
+    at 1M urls here, with the GIL: a health check waited 126 ms). Frozen, no collection walks them again;
+    entries added later are small untracked dicts. Objects freed by reference counting still go at once;
+    what a freeze keeps is cyclic garbage not yet collected at that moment (a young generation's worth),
+    once per long plan registered.
+    """
+    gc.freeze()
+    logger.debug("froze the collector's objects: %d permanent", gc.get_freeze_count())
 
 
 class PlanIndexer:
     """Indexes new plans and unindexes dropped ones in the background, `chunk` urls per loop step."""
 
-    def __init__(self, planner: Planner, chunk: int = CHUNK) -> None:
+    def __init__(self, planner: Planner, chunk: int = CHUNK, freeze_at: int = FREEZE_AT) -> None:
         self.planner = planner
         self.chunk = chunk
+        self.freeze_at = freeze_at
         self._pending: deque[Plan] = deque()
         self._work = asyncio.Event()
 
@@ -37,6 +54,8 @@ class PlanIndexer:
         plan, fresh = self.planner.begin_plan(body.job, body.slot, body.epoch, body.urls, body.digest)
         if fresh and not self.planner.index_more(plan, self.chunk):
             self._pending.append(plan)
+        if fresh and len(plan.urls) >= self.freeze_at:
+            _freeze()
         self.wake()  # a replaced plan may wait for unindexing too
         return plan
 

@@ -12,7 +12,9 @@ Prefixes match on path-segment boundaries: `/data` allows `/data/x` but not `/da
 
 A plan names up to millions of URLs, mostly in a few directories: `AllowList.check_many` canonicalises a
 directory once and each name in it by string concatenation (one `lstat` for a local path, to see that it is
-no symlink; no syscall for a remote URL), and decides the allow-list once per directory.
+no symlink; no syscall for a remote URL), and decides the allow-list once per directory. A batch of remote
+URLs that are all canonical already (what a client sends: it canonicalises too) is recognised with one regex
+over the batch and one check per distinct directory, and returned as it is (~0.3 us a url, not ~8).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ _SUFFIX = re.compile(r"(\.[A-Za-z0-9]{1,12}){1,2}$")
 # A last path segment that canonicalisation leaves as it is in any remote URL (unreserved characters only).
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~-]+")
 _REMOTE_SPECIAL = re.compile(r"[%?#\s]")
+# A character canonicalisation may change or that needs a look (percent, query, non-ASCII...).
+_NOT_PLAIN = re.compile(r"[^A-Za-z0-9_.~:/\n-]")
 
 
 def canonicalize(url: str) -> str:
@@ -146,6 +150,9 @@ class AllowList:
         Raises:
             BadRequest, NotAllowed: as `check`, for the first url refused (the message names it).
         """
+        urls = list(urls)
+        if self._all_canonical(urls):
+            return urls
         directories: dict[str, tuple[str, bool] | None] = {}
         exact = frozenset(self.prefixes)
         out: list[str] = []
@@ -153,6 +160,33 @@ class AllowList:
             canonical = self._by_directory(url, directories, exact)
             out.append(self.check(url) if canonical is None else canonical)
         return out
+
+    def _all_canonical(self, urls: list[str]) -> bool:
+        """Whether every url is a remote URL already canonical and allowed, decided per distinct directory
+        and with one regex over all the names (no Python work per url but a split): a client's plan."""
+        joined = "\n".join(urls)
+        if (
+            joined.count("\n") != len(urls) - 1  # a newline inside a url
+            or _NOT_PLAIN.search(joined)
+            or joined.startswith("/")  # a local path: its name may be a symlink
+            or "\n/" in joined
+            or joined.endswith("/")  # an empty last segment
+            or "/\n" in joined
+            or "/." in joined  # '.', '..' or a hidden name: url by url
+        ):
+            return False
+        for head in {url.rpartition("/")[0] for url in urls}:
+            directory = head + "/"
+            if not head:
+                return False
+            try:
+                if canonicalize(directory) != directory:
+                    return False
+            except DaemonError:
+                return False
+            if not any(directory.startswith(prefix + "/") for prefix in self.prefixes):
+                return False
+        return True
 
     def _by_directory(
         self, url: str, directories: dict[str, tuple[str, bool] | None], exact: frozenset[str]

@@ -18,11 +18,9 @@ where a url is indexed or unindexed in a plan, where a cursor moves, and where a
 ``choose_resident_victim`` decides in O(C + log R) (C readers, R resident shards) what ``choose_victim``, the
 linear reference kept for lists of candidates, decides in O(R x plans per url), with the same result.
 
-Registration and deletion come in two speeds. ``add_plan`` / ``delete_plan`` / ``expire_stale`` do the whole
-work at once (tests, simulations). The daemon instead calls ``begin_plan`` then ``index_more`` in bounded
-steps, and ``drop_plan`` / ``retire_stale`` then ``unindex_more``, so that no step is proportional to a
-plan's length: a dropped plan is gone at once for every question asked here, and its index entries are
-garbage removed later (lookups skip plan ids that are no longer live).
+Which plans are registered, their chains, expiry and pace are kept by registration.py (`PlanRegistry`,
+which tells the next-use index of every url indexed or unindexed); the registration methods here delegate to
+it, so the daemon and the tests keep one object to talk to.
 
 Example:
     >>> t = [0.0]
@@ -37,28 +35,17 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from shardcached.nextuse import NextUseIndex, use_in, uses_by_chain
-from shardcached.plans import (
-    Chain,
-    Plan,
-    Positions,
-    first_at_or_after,
-    index_plan,
-    index_range,
-    unindex_range,
-)
+from shardcached.plans import Chain, Plan, first_at_or_after
 from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
+from shardcached.registration import PlanRegistry
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("belady", "lru")
-_DEFAULT_INTERVAL = 1.0  # seconds between opens assumed while no slot has a pace yet
 
 
 class Planner:
@@ -95,10 +82,6 @@ class Planner:
         self.displace_ahead = displace_ahead
         self.stale_after_s = stale_after_s
         self._clock = clock
-        self._plans: dict[str, Plan] = {}
-        self._chains: dict[tuple[str, int], Chain] = {}
-        self._positions: Positions = {}  # url -> plan id -> position(s): see plans.py
-        self._retired: deque[Plan] = deque()  # dropped plans whose index entries are not all removed yet
         self._recency = Recency()
         # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
         self._index = NextUseIndex(
@@ -107,9 +90,12 @@ class Planner:
             lambda url, chain: use_in(self._positions, self._plans, url, chain),
             by_recency_only=policy == "lru",
         )
-        self._ref_interval: float | None = None  # cached median interval; None = recompute
-        self._expiry_check_at = math.inf  # no chain can be stale before this time
+        self._registry = PlanRegistry(stale_after_s, clock, self._index)
+        self._plans = self._registry.plans  # the registry's own dicts, read here (never rebound there)
+        self._chains = self._registry.chains
+        self._positions = self._registry.positions
 
+    # -- registration: registration.py keeps the plans; these delegate --------------------------------
     def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
         """Register the ordered urls one slot of one job will open in one epoch; returns the plan id.
 
@@ -117,109 +103,59 @@ class Planner:
         its cursor (a client re-registers after reconnecting); with other urls it replaces the plan.
         The whole plan is indexed before this returns (the daemon uses `begin_plan` and `index_more`).
         """
-        plan, fresh = self.begin_plan(job, slot, epoch, list(urls))
-        if fresh:
-            index_plan(self._positions, plan, self._replanner(plan.chain))
-        self.unindex_more(math.inf)
-        return plan.id
+        return self._registry.add_plan(job, slot, epoch, list(urls))
 
     def begin_plan(
         self, job: str, slot: int, epoch: int, urls: list[str], digest: str | None = None
     ) -> tuple[Plan, bool]:
-        """Register a plan without indexing its urls: (plan, whether it still needs `index_more`).
-
-        As `add_plan`, an identical registration returns the existing plan (and False). `digest`, a hash
-        of `urls` computed by the caller, makes that comparison O(1); without it the urls are compared.
-        The plan counts as registered at once; its urls count for next uses as `index_more` reaches them.
-        """
-        now = self._clock()
-        self._maybe_expire(now)
-        chain = self._chains.get((job, slot))
-        if chain is None:
-            chain = self._chains[(job, slot)] = Chain(job, slot)
-        chain.last_activity = now
-        self._expiry_check_at = min(self._expiry_check_at, now + self.stale_after_s)
-        for plan in chain.plans:
-            if plan.epoch == epoch:
-                same = plan.digest == digest if digest is not None else plan.urls == urls
-                if same and len(plan.urls) == len(urls):
-                    return plan, False
-                self.drop_plan(plan.id)
-                break
-        plan = Plan(uuid.uuid4().hex, chain, epoch, urls, digest=digest)
-        self._plans[plan.id] = plan
-        chain.plans.append(plan)
-        chain.plans.sort(key=lambda p: p.epoch)
-        logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
-        return plan, True
+        """See `PlanRegistry.begin_plan`: registered now, (plan, whether it still needs `index_more`)."""
+        return self._registry.begin_plan(job, slot, epoch, urls, digest)
 
     def index_more(self, plan: Plan, budget: int) -> bool:
-        """Index up to `budget` more urls of `plan`, in order; True once nothing is left to index (the plan
-        is fully indexed, or was dropped meanwhile)."""
-        if self._plans.get(plan.id) is not plan:
-            return True
-        stop = min(len(plan.urls), plan.indexed + budget)
-        index_range(self._positions, plan, plan.indexed, stop, self._replanner(plan.chain))
-        plan.indexed = stop
-        return stop == len(plan.urls)
+        """See `PlanRegistry.index_more`: up to `budget` more urls indexed; True once none is left."""
+        return self._registry.index_more(plan, budget)
 
     def delete_plan(self, plan_id: str) -> bool:
         """Forget a plan and remove it from the index; False if the id is unknown (never registered,
         deleted, or dropped as stale)."""
-        if not self.drop_plan(plan_id):
-            return False
-        self.unindex_more(math.inf)
-        return True
+        return self._registry.delete_plan(plan_id)
 
     def drop_plan(self, plan_id: str) -> bool:
         """Forget a plan now and leave its index entries to `unindex_more`; False if the id is unknown."""
-        plan = self._plans.pop(plan_id, None)
-        if plan is None:
-            return False
-        self._retired.append(plan)
-        chain = plan.chain
-        chain.plans.remove(plan)
-        # O(resident shards of the plan), not O(its urls): eviction stays exact while the index is cleaned.
-        self._index.dropped(chain, plan.epoch)
-        if not chain.plans:
-            self._chains.pop((chain.job, chain.slot), None)
-            self._ref_interval = None
-        return True
+        return self._registry.drop_plan(plan_id)
 
     def unindex_more(self, budget: float) -> bool:
         """Remove up to `budget` index entries of dropped plans; True once none is left."""
-        retired = self._retired
-        while retired and budget > 0:
-            plan = retired[0]
-            start = max(0, plan.indexed - int(min(budget, plan.indexed)))
-            unindex_range(self._positions, plan, start, plan.indexed, self._replanner(plan.chain))
-            budget -= plan.indexed - start
-            plan.indexed = start
-            if start == 0:
-                retired.popleft()
-        return not retired
+        return self._registry.unindex_more(budget)
 
     @property
     def unindex_pending(self) -> bool:
         """Whether dropped plans still have entries in the index (see `unindex_more`)."""
-        return bool(self._retired)
+        return self._registry.unindex_pending
+
+    def orphan(self, plan_id: str, grace_s: float) -> bool:
+        """The process that registered `plan_id` exited: drop its (job, slot)'s plans after `grace_s`
+        unless an open or a new registration shows the slot is read on; False for an unknown id."""
+        return self._registry.orphan(plan_id, grace_s)
+
+    def expire_stale(self) -> int:
+        """Drop the plans of every (job, slot) idle for `stale_after_s` and remove them from the index;
+        returns how many plans went."""
+        return self._registry.expire_stale()
+
+    def retire_stale(self) -> int:
+        """Drop the plans of every (job, slot) idle for `stale_after_s`, leaving their index entries to
+        `unindex_more`: O(plans), whatever their length. Returns how many plans went."""
+        return self._registry.retire_stale()
+
+    def describe(self) -> list[dict[str, object]]:
+        """The live plans, for debugging: id, job, slot, epoch, cursor, len, interval_s, last_open."""
+        return self._registry.describe()
 
     def job_of(self, plan_id: str) -> str | None:
         """The job of a live plan; None for an unknown id."""
         plan = self._plans.get(plan_id)
         return None if plan is None else plan.chain.job
-
-    def orphan(self, plan_id: str, grace_s: float) -> bool:
-        """The process that registered `plan_id` exited: drop its (job, slot)'s plans after `grace_s`
-        unless an open or a new registration shows the slot is read on; False for an unknown id."""
-        plan = self._plans.get(plan_id)
-        if plan is None:
-            return False
-        now = self._clock()
-        chain = plan.chain
-        chain.last_activity = min(chain.last_activity, now + grace_s - self.stale_after_s)
-        self._expiry_check_at = min(self._expiry_check_at, now + grace_s)
-        return True
 
     def has_plan(self, plan_id: str) -> bool:
         """Whether `plan_id` is a live plan."""
@@ -235,6 +171,7 @@ class Planner:
         """Number of (job, slot) pairs with a live plan: the readers that may read concurrently."""
         return len(self._chains)
 
+    # -- opens, residency and decisions -----------------------------------------------------------------
     def record_open(self, url: str, plan_id: str | None = None) -> None:
         """Note a client open (hit or miss) of `url`, optionally made under a plan.
 
@@ -251,7 +188,7 @@ class Planner:
             return
         chain = plan.chain
         if chain.note_open(self._clock()):
-            self._ref_interval = None
+            self._registry.pace_changed()
         for earlier in chain.plans:
             if earlier is plan:
                 break
@@ -286,8 +223,8 @@ class Planner:
         estimated) reads 0.
         """
         now = self._clock()
-        self._maybe_expire(now)
-        ref = self._reference_interval()
+        self._registry.maybe_expire(now)
+        ref = self._registry.reference_interval()
         when = self._next_time(url, now, ref, {})
         if when is None:
             return None
@@ -299,8 +236,8 @@ class Planner:
         Unlike `next_use` this is never clamped, so it orders any two shards exactly as eviction does.
         """
         now = self._clock()
-        self._maybe_expire(now)
-        return self._next_time(url, now, self._reference_interval(), {})
+        self._registry.maybe_expire(now)
+        return self._next_time(url, now, self._registry.reference_interval(), {})
 
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
         """Which of `candidates` (resident, evictable shards) to evict to make room for `incoming`.
@@ -320,8 +257,8 @@ class Planner:
         if self.policy == "lru":
             return least_recent(pool, self._recency)
         now = self._clock()
-        self._maybe_expire(now)
-        ref = self._reference_interval()
+        self._registry.maybe_expire(now)
+        ref = self._registry.reference_interval()
         lines: dict[str, tuple[float, float]] = {}
         incoming_time = None
         if incoming is not None:
@@ -345,8 +282,8 @@ class Planner:
         if self.policy == "lru":
             return index.least_recent_idle(usable)
         now = self._clock()
-        self._maybe_expire(now)
-        ref = self._reference_interval()
+        self._registry.maybe_expire(now)
+        ref = self._registry.reference_interval()
         lines: dict[str, tuple[float, float]] = {}
         incoming_time = None
         if incoming is not None:
@@ -387,8 +324,8 @@ class Planner:
         if self.policy == "lru" or limit <= 0 or self.prefetch_depth == 0:
             return []
         now = self._clock()
-        self._maybe_expire(now)
-        ref = self._reference_interval()
+        self._registry.maybe_expire(now)
+        ref = self._registry.reference_interval()
         windows = []
         for chain in self._chains.values():
             budget = self.prefetch_depth
@@ -400,64 +337,6 @@ class Planner:
                 if budget <= 0:
                     break
         return nearest_first(windows, skip, limit)
-
-    def expire_stale(self) -> int:
-        """Drop the plans of every (job, slot) idle for `stale_after_s` and remove them from the index;
-        returns how many plans went."""
-        dropped = self.retire_stale()
-        self.unindex_more(math.inf)
-        return dropped
-
-    def retire_stale(self) -> int:
-        """Drop the plans of every (job, slot) idle for `stale_after_s`, leaving their index entries to
-        `unindex_more`: O(plans), whatever their length. Returns how many plans went."""
-        now = self._clock()
-        dropped = 0
-        earliest = math.inf
-        for chain in list(self._chains.values()):
-            if now - chain.last_activity >= self.stale_after_s:
-                for plan in list(chain.plans):
-                    self.drop_plan(plan.id)
-                    dropped += 1
-                logger.info("dropped stale plans of job=%s slot=%d", chain.job, chain.slot)
-            else:
-                earliest = min(earliest, chain.last_activity + self.stale_after_s)
-        self._expiry_check_at = earliest
-        return dropped
-
-    def describe(self) -> list[dict[str, object]]:
-        """The live plans, for debugging: id, job, slot, epoch, cursor, len, interval_s, last_open."""
-        return [
-            {
-                "id": plan.id,
-                "job": plan.chain.job,
-                "slot": plan.chain.slot,
-                "epoch": plan.epoch,
-                "cursor": plan.cursor,
-                "len": len(plan.urls),
-                "interval_s": plan.chain.interval,
-                "last_open": plan.chain.last_open,
-            }
-            for chain in self._chains.values()
-            for plan in chain.plans
-        ]
-
-    def _maybe_expire(self, now: float) -> None:
-        # Amortised O(1): the earliest moment any chain can go stale only moves forward. Inside a request:
-        # drop only, the index entries go later (`unindex_more`).
-        if now >= self._expiry_check_at:
-            self.retire_stale()
-
-    def _reference_interval(self) -> float:
-        if self._ref_interval is None:
-            known = [c.interval for c in self._chains.values() if c.interval is not None]
-            self._ref_interval = statistics.median(known) if known else _DEFAULT_INTERVAL
-        return self._ref_interval
-
-    def _replanner(self, chain: Chain) -> Callable[[str], None]:
-        """The per-url hook of (un)indexing a plan of `chain`: refile the url if it is resident."""
-        replan = self._index.replan
-        return lambda url: replan(url, chain)
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""

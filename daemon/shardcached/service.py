@@ -376,9 +376,9 @@ class ShardService:
         self._notify()  # an expired lease may have freed space too
         return released
 
-    def warm(self, urls: list[str]) -> list[str]:
-        """Fetch `urls` in the background (`POST /v1/prefetch`); returns the canonical URLs."""
-        canonical = [self.allow.check(url) for url in urls]
+    def warm(self, canonical: list[str]) -> list[str]:
+        """Fetch `canonical` urls (allow-listed: planbody.read_prefetch) in the background
+        (`POST /v1/prefetch`); returns them."""
         self.spawn(self.prefetcher.warm(canonical))
         return canonical
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from pathlib import Path
@@ -16,7 +17,7 @@ from harness.shards import ShardSet
 from shardcached.errors import DaemonError, Invalid, NotAllowed, PlanTooLarge
 from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList
-from shardcached.planbody import PlanBody, read_plan
+from shardcached.planbody import PlanBody, read_plan, read_prefetch
 from shardcached.planner import Planner
 
 
@@ -80,6 +81,23 @@ def test_a_plan_dropped_while_being_indexed_stops_being_indexed() -> None:
     assert plan.indexed == 0 and planner.next_use("a") is None
 
 
+def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    indexer = PlanIndexer(planner, chunk=2, freeze_at=3)
+    try:
+        plan = indexer.register(body([f"s3://b/{i}" for i in range(5)]))
+        assert not any(tracked is plan.urls for tracked in gc.get_objects())  # frozen: never walked
+    finally:
+        gc.unfreeze()
+
+
+def test_a_short_plan_stays_in_the_garbage_collectors_generations() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    plan = PlanIndexer(planner, chunk=2, freeze_at=100).register(body(["s3://b/x"]))
+    assert gc.get_freeze_count() == 0
+    assert gc.is_tracked(plan.urls)
+
+
 def test_retire_stale_drops_plans_and_leaves_their_entries_for_later() -> None:
     now = [0.0]
     planner = Planner(stale_after_s=10, clock=lambda: now[0])
@@ -122,6 +140,22 @@ def test_a_malformed_plan_body_is_invalid(raw: bytes) -> None:
         read_plan([raw], AllowList(["s3://b"]), max_urls=10)
 
 
+def test_a_prefetch_body_reads_to_its_canonical_urls() -> None:
+    raw = b'{"urls": ["S3://B/x.tar", "s3://b/d/../y.tar"]}'
+    assert read_prefetch([raw], AllowList(["s3://b"])) == ["s3://b/x.tar", "s3://b/y.tar"]
+
+
+@pytest.mark.parametrize("raw", [b'{"urls": []}', b"{}", b'{"urls": ["s3://b/x"], "job": "j"}'])
+def test_a_malformed_prefetch_body_is_invalid(raw: bytes) -> None:
+    with pytest.raises(Invalid):
+        read_prefetch([raw], AllowList(["s3://b"]))
+
+
+def test_a_prefetch_with_a_url_outside_the_allow_list_is_refused_naming_it() -> None:
+    with pytest.raises(NotAllowed, match="s3://other/x"):
+        read_prefetch([b'{"urls": ["s3://b/ok", "s3://other/x"]}'], AllowList(["s3://b"]))
+
+
 _SEGMENT = st.sampled_from(
     ["a", "B", "x.tar", ".", "..", "", "%41", "c%2Fd", "e f", "g?h", "#i", "~j", "K-1"]
 )
@@ -147,6 +181,11 @@ def test_checking_many_urls_by_directory_agrees_with_checking_each(
     except DaemonError as exc:
         got = type(exc)
     assert got == expected
+
+
+def test_a_url_holding_a_newline_in_a_canonical_batch_is_refused() -> None:
+    with pytest.raises(DaemonError, match="control characters"):
+        AllowList(["s3://b"]).check_many(["s3://b/x.tar", "s3://b/y.tar\ns3://b/z.tar"])
 
 
 def test_a_symlink_in_a_plan_is_resolved_like_an_open_resolves_it(tmp_path: Path) -> None:

@@ -107,6 +107,22 @@ def test_registering_other_urls_for_the_same_epoch_replaces_the_plan(clock: Cloc
     assert planner.next_use("a") is None
 
 
+def test_a_replaced_only_plan_still_expires_when_its_slot_goes_idle(clock: Clock) -> None:
+    planner = belady(clock, stale_after_s=10.0)
+    planner.add_plan("j", 0, 0, ["a", "b"])
+    new = planner.add_plan("j", 0, 0, ["c", "d"])
+    clock.now = 10.0
+    assert planner.expire_stale() == 1
+    assert not planner.has_plan(new)
+
+
+def test_a_replaced_only_plan_gets_a_prefetch_window(clock: Clock) -> None:
+    planner = belady(clock, prefetch_depth=2)
+    planner.add_plan("j", 0, 0, ["a", "b"])
+    planner.add_plan("j", 0, 0, ["c", "d", "e"])
+    assert planner.prefetch_candidates(lambda url: False, 10) == ["c", "d"]
+
+
 def test_uses_are_ordered_by_estimated_time_when_jobs_read_at_different_speeds(clock: Clock) -> None:
     planner = belady(clock)
     slow = planner.add_plan("slow", 0, 0, ["s0", "s1", "s2", "s3"])
