@@ -38,7 +38,7 @@ from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.discovery import discover
 from shardcache.errors import DaemonUnavailable
 from shardcache.jobs import JOB_ENV, script_name
-from shardcache_protocol import API_PREFIX, TelemetryReport
+from shardcache_protocol import API_PREFIX, MAX_REPORT_STAGES, TelemetryReport
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +251,13 @@ class Telemetry:
         deltas = {name: total - sent.get(name, 0.0) for name, total in totals.items()}
         deltas = {name: delta if delta >= 0 else totals[name] for name, delta in deltas.items()}
         self._stages_sent = totals
-        return {name: delta for name, delta in deltas.items() if delta > 0}
+        grew = {name: delta for name, delta in deltas.items() if delta > 0}
+        if len(grew) > MAX_REPORT_STAGES:  # a report holds this many parts: the rest go together
+            names = list(grew)
+            kept = {name: grew[name] for name in names[: MAX_REPORT_STAGES - 1]}
+            kept["other"] = sum(grew[name] for name in names[MAX_REPORT_STAGES - 1 :])
+            return kept
+        return grew
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send what accumulated since the last report now; False when it was dropped (no daemon).
