@@ -1,0 +1,127 @@
+"""What stage-time accounting costs: samples/s with it on and off, in the same run (issue 27).
+
+Two pipelines over the same tar shards, iterated in this process (no workers, no daemon: the accounting
+is all the overhead there is to see):
+
+- realistic: tar read, a map decoding the sample's JPEG with Pillow (`--size`, default 256x192, smaller
+  than ImageNet's ~500x375 so the decode does not hide the accounting), shuffle(1024), batch(64);
+- trivial: tar read, a map touching one field, shuffle(1024), batch(64): the accounting's worst case, a
+  few microseconds of work per sample.
+
+On and off alternate in every round (`SHARDCACHE_STAGE_TIMES=0` is the off switch, read when a pass
+starts); the median over rounds of on/off is the ratio (the machine is shared and noisy). The target is a
+ratio of at least 0.99 on the realistic pipeline.
+
+    .venv/bin/python -m bench.bench_stage_time                     # 8 shards x 500 samples, 5 rounds
+    .venv/bin/python -m bench.bench_stage_time --samples 100 --rounds 1   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardcache import Dataset
+from shardcache.pipeline.stage_times import STAGE_TIMES_ENV
+
+
+def make_shards(root: Path, shards: int, samples: int, size: tuple[int, int]) -> list[str]:
+    """`shards` tars of `samples` samples, each a JPEG of `size` (random noise) and a class label."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for s in range(shards):
+        path = root / f"shard_{s:06d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(samples):
+                pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+                jpeg = io.BytesIO()
+                Image.fromarray(pixels).save(jpeg, format="JPEG", quality=90)
+                for field, data in (("jpg", jpeg.getvalue()), ("cls", str(i % 1000).encode())):
+                    info = tarfile.TarInfo(f"{s:04d}_{i:06d}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(str(path))
+    return paths
+
+
+def decode(sample: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(sample["jpg"]))
+    return {"image": np.asarray(image.convert("RGB")), "label": int(sample["cls"])}
+
+
+def touch(sample: dict[str, Any]) -> dict[str, Any]:
+    sample["n"] = len(sample["jpg"])
+    return sample
+
+
+def rate(paths: list[str], fn: Callable[[dict[str, Any]], Any], timed: bool) -> float:
+    """Samples/s of one pass, with the accounting on or off."""
+    os.environ[STAGE_TIMES_ENV] = "1" if timed else "0"
+    ds = Dataset.from_source("tars", paths, daemon=None).map(fn).shuffle(1024).batch(64)
+    started = time.perf_counter()
+    samples = sum(len(batch) for batch in ds)
+    elapsed = time.perf_counter() - started
+    if timed:
+        print(f"    {ds.stats()}")
+    return samples / elapsed
+
+
+def compare(name: str, paths: list[str], fn: Callable[[dict[str, Any]], Any], rounds: int) -> float:
+    ratios, ons, offs = [], [], []
+    rate(paths, fn, False)  # warm the page cache and the imports
+    for index in range(rounds):
+        order = (True, False) if index % 2 == 0 else (False, True)
+        measured = {timed: rate(paths, fn, timed) for timed in order}
+        ons.append(measured[True])
+        offs.append(measured[False])
+        ratios.append(measured[True] / measured[False])
+    ratio = statistics.median(ratios)
+    print(
+        f"{name:<10} on {statistics.median(ons):>9,.0f} samples/s  off {statistics.median(offs):>9,.0f} "
+        f"samples/s  on/off {ratio:.3f} (median of {rounds}; per round: "
+        f"{', '.join(f'{r:.3f}' for r in ratios)})"
+    )
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=500, help="samples per shard")
+    parser.add_argument("--size", default="256x192", help="JPEG width x height")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    width, height = (int(v) for v in args.size.split("x"))
+    root = Path(tempfile.mkdtemp(prefix="bench-stage-time-"))
+    saved = os.environ.get(STAGE_TIMES_ENV)
+    try:
+        paths = make_shards(root, args.shards, args.samples, (width, height))
+        print(f"{args.shards} shards x {args.samples} samples, JPEG {width}x{height}")
+        realistic = compare("realistic", paths, decode, args.rounds)
+        trivial = compare("trivial", paths, touch, args.rounds)
+        print(f"realistic on/off {realistic:.3f} (target >= 0.99); trivial on/off {trivial:.3f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        if saved is None:
+            os.environ.pop(STAGE_TIMES_ENV, None)
+        else:
+            os.environ[STAGE_TIMES_ENV] = saved
+
+
+if __name__ == "__main__":
+    main()
