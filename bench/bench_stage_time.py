@@ -81,7 +81,9 @@ def rates(paths: list[str], fn: Callable[[dict[str, Any]], Any], timed: bool) ->
     return samples / cpu, samples / wall
 
 
-def compare(name: str, paths: list[str], fn: Callable[[dict[str, Any]], Any], rounds: int) -> float:
+def compare(
+    name: str, paths: list[str], fn: Callable[[dict[str, Any]], Any], rounds: int, cost_ns: float
+) -> float:
     ratios, wall_ratios, ons, offs = [], [], [], []
     rates(paths, fn, False)  # warm the page cache and the imports
     for index in range(rounds):
@@ -98,7 +100,36 @@ def compare(name: str, paths: list[str], fn: Callable[[dict[str, Any]], Any], ro
         f"{_quartiles(ratios)}; wall time: {statistics.median(wall_ratios):.3f}, quartiles "
         f"{_quartiles(wall_ratios)})"
     )
+    # Read, map and shuffle hand over every sample, batch one item per 64: the accounting's CPU per sample.
+    added = cost_ns * (3 + 1 / 64) / 1e9
+    estimate = 1 / (1 + added * statistics.median(offs))
+    print(f"{'':<10} estimated from the per-item cost: on/off {estimate:.4f}")
     return ratio
+
+
+def node_cost_ns(items: int = 200_000, repeats: int = 7) -> float:
+    """CPU ns one `TimedNode` adds per item: the best of `repeats` against the same chain untimed (the best,
+    not the median: the noise of a shared machine only ever adds)."""
+    from shardcache.pipeline.stage_times import StageClock
+    from shardcache.stages.base import Node
+
+    class Items(Node):
+        def gen(self) -> Any:
+            return iter(range(items))
+
+    def per_item(timed: bool) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            node: Node = Items()
+            if timed:
+                node = StageClock().timed(node, "read")
+            started = time.thread_time_ns()
+            for _ in node:
+                pass
+            best = min(best, (time.thread_time_ns() - started) / items)
+        return best
+
+    return per_item(True) - per_item(False)
 
 
 def _quartiles(values: list[float]) -> str:
@@ -129,9 +160,11 @@ def main() -> None:
     try:
         paths = make_shards(root, args.shards, args.samples, (width, height))
         print(f"{args.shards} shards x {args.samples} samples, JPEG {width}x{height}")
-        realistic = compare("realistic", paths, decode, args.rounds)
+        cost = node_cost_ns()
+        print(f"a timed hand-over costs {cost:.0f} CPU ns per item (best of 7, 200,000 items)")
+        realistic = compare("realistic", paths, decode, args.rounds, cost)
         show_split(paths, decode)
-        trivial = compare("trivial", paths, touch, args.rounds)
+        trivial = compare("trivial", paths, touch, args.rounds, cost)
         show_split(paths, touch)
         print(f"realistic on/off {realistic:.3f} (target >= 0.99); trivial on/off {trivial:.3f}")
     finally:
