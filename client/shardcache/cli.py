@@ -57,7 +57,35 @@ def _table(rows: list[list[str]], right: set[int]) -> str:
     return "\n".join(lines)
 
 
+def cmd_job_stats(client: DaemonClient, args: argparse.Namespace) -> int:
+    """`stats --job JOB`: what the job's trainers reported, with the split of their workers' time."""
+    summary = client.telemetry(args.job)
+    if args.json:
+        print(summary.model_dump_json(indent=2))
+        return 0 if summary.jobs else 1
+    if not summary.jobs:
+        print(f"no telemetry from job {args.job!r} (the daemon keeps the most recent jobs)", file=sys.stderr)
+        return 1
+    job = summary.jobs[0]
+    per_sample = job.wait_seconds / job.samples * 1e3 if job.samples else 0.0
+    print(
+        f"job {job.job}: {job.slots} slot(s), {job.samples} samples, trainer waited {job.wait_seconds:.1f} s "
+        f"({per_sample:.2f} ms per sample)"
+    )
+    busy = sum(job.stage_seconds.values())
+    if busy <= 0:
+        print("no stage times reported (a client older than stage times, or SHARDCACHE_STAGE_TIMES=0)")
+        return 0
+    rows = [["PART", "SECONDS", "SHARE"]]
+    rows += [[name, f"{s:.1f}", f"{s / busy:.0%}"] for name, s in job.stage_seconds.items()]
+    print()
+    print(_table(rows, right={1, 2}))
+    return 0
+
+
 def cmd_stats(client: DaemonClient, args: argparse.Namespace) -> int:
+    if args.job is not None:
+        return cmd_job_stats(client, args)
     stats = client.stats()
     if args.json:
         print(stats.model_dump_json(indent=2))
@@ -195,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = command("stats", "the daemon's counters")
     stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.add_argument(
+        "--job", help="a training job's reported figures instead: samples, wait, time per pipeline part"
+    )
     stats.set_defaults(run=cmd_stats)
 
     ls = command("ls", "resident shards: url, size, last use, next use")

@@ -27,6 +27,7 @@ from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
 from shardcache.pipeline.iteration import PipelineIterator, start
 from shardcache.pipeline.mixed import mixed_source
+from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, initial_state
 from shardcache.resume.state import LiveState, ended_epoch
@@ -363,6 +364,12 @@ class Dataset:
             if whole is not None:  # Accelerate's dispatcher: whole batches from every worker (see `_padded`)
                 iterator.pad_to_multiple(whole)
         return iterator
+
+    def stats(self) -> StageStats:
+        """Where the latest pass in this process spent its time: reading, each stage, and the share of the
+        trainer's time spent waiting (`shardcache.pipeline.stage_times`; empty before the first pass)."""
+        iterator = self._live.iterator
+        return iterator.stats() if isinstance(iterator, PipelineIterator) else StageStats()
 
     def _reader_context(self) -> RuntimeContext:
         """This pass's context: the resolved one, or a job of one process where Accelerate splits the stream

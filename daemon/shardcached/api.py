@@ -38,6 +38,7 @@ from shardcache_protocol import (
     ShardList,
     Stats,
     TelemetryReport,
+    TelemetrySummary,
 )
 from shardcached import __version__
 from shardcached.errors import NotFound
@@ -130,6 +131,11 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         """One trainer slot's data-plane figures; exported as `shardcache_client_*` metrics."""
         telemetry.record(body)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+    @router.get("/telemetry")
+    async def telemetry_summary(job: str | None = None) -> TelemetrySummary:
+        """The reporting jobs' totals (`job`: that one only): `shardcache stats --job`."""
+        return telemetry.summary(job)
 
     @router.get("/health", response_model=Health, responses=_errors(503))
     async def health() -> Response:

@@ -14,6 +14,9 @@ MAX_PLAN_URLS = 1_000_000
 # validation instead of a 400 from deep in the daemon's canonicaliser.
 URL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 ShardUrl = Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
+# Pipeline part names in telemetry (`read`, `map[0]`, `collate`): short, printable, a bounded number.
+MAX_REPORT_STAGES = 64
+StageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")]
 
 
 class _Request(BaseModel):
@@ -158,3 +161,28 @@ class TelemetryReport(_Request):
     wait_seconds: float = Field(ge=0, description="seconds the trainer waited for its next item")
     corrupt_samples: int = Field(default=0, ge=0, description="samples skipped as corrupt")
     interval_seconds: float = Field(ge=0, description="seconds since the previous report")
+    # Optional and omitted when empty: an older daemon refuses unknown request fields (422), so a newer
+    # client leaves it out when it has nothing to say and drops it after such a refusal.
+    stage_seconds: dict[StageName, Annotated[float, Field(ge=0)]] | None = Field(
+        default=None,
+        max_length=MAX_REPORT_STAGES,
+        description="seconds the slot's workers spent in each pipeline part in the interval, by part "
+        "name (read, map[0], shuffle, batch, collate, ...); exclusive, so they add up",
+    )
+
+
+class JobTelemetry(_Answer):
+    """One training job's reported figures since the daemon started (or first heard of it), all slots."""
+
+    job: str
+    slots: int = Field(description="slots that reported")
+    samples: int
+    wait_seconds: float
+    corrupt_samples: int = 0
+    stage_seconds: dict[str, float] = Field(default_factory=dict, description="seconds per pipeline part")
+
+
+class TelemetrySummary(_Answer):
+    """`GET /v1/telemetry`: the reporting jobs' figures (the most recent jobs the daemon keeps)."""
+
+    jobs: list[JobTelemetry] = Field(default_factory=list)

@@ -90,6 +90,7 @@ def test_exported_metrics_are_exactly_the_documented_ones(
     daemon = daemon_factory(allow=[str(tmp_path)])
     with _api(daemon) as client:  # the trainer metrics have series once a trainer reported
         report = {"job": "doc-check", "slot": 0, "samples": 1, "wait_seconds": 0.0, "corrupt_samples": 0}
+        report["stage_seconds"] = {"read": 0.5}  # stage series exist once a client reported stage times
         client.post("/v1/telemetry", json={**report, "interval_seconds": 1.0}).raise_for_status()
     text = httpx.get(daemon.metrics_url, timeout=10).text
     exported = {

@@ -45,6 +45,7 @@ from shardcache_protocol import (
     ShardInfo,
     ShardList,
     Stats,
+    TelemetrySummary,
 )
 
 logger = logging.getLogger(__name__)
@@ -383,6 +384,12 @@ class DaemonClient(DaemonAvailability):
     def stats(self) -> Stats:
         """The daemon's counters (`GET /v1/stats`). Raises `DaemonUnavailable` when none answers."""
         return Stats.model_validate(self._call("GET", f"{_V1}/stats"))
+
+    def telemetry(self, job: str | None = None) -> TelemetrySummary:
+        """The trainers' reported figures per job (`GET /v1/telemetry`; `job`: that job only), stage times
+        included. Raises `DaemonUnavailable` when none answers, `NotFound` from a daemon without the route."""
+        query = "" if job is None else "?" + urllib.parse.urlencode({"job": job})
+        return TelemetrySummary.model_validate(self._call("GET", f"{_V1}/telemetry{query}"))
 
     def shards(self) -> list[ShardInfo]:
         """The resident shards: url, size, last use, next planned use (`GET /v1/shards`, every page)."""

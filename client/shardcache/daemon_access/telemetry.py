@@ -2,10 +2,13 @@
 
 A `Telemetry` watches the trainer's iterator (`for batch in telemetry.watch(loader)`): it times every
 `next()` (the time the training step sat idle waiting for data: GPU starvation), counts samples, and takes
-corrupt-sample counts from `add_corrupt`. A background thread sends the accumulated deltas to the daemon
-(`POST /v1/telemetry`) every `interval_s` seconds, so iteration never waits on the socket; when no daemon
-answers (or an older daemon lacks the route) the report is dropped silently and the next one carries only
-its own interval. The daemon exports the figures as `shardcache_client_*` metrics beside its hit ratio.
+corrupt-sample counts from `add_corrupt`; with `stages`, it also reports the seconds each pipeline part
+(read, each stage, collate: `shardcache.pipeline.stage_times`) took. A background thread sends the
+accumulated deltas to the daemon (`POST /v1/telemetry`) every `interval_s` seconds, so iteration never
+waits on the socket; when no daemon answers (or an older daemon lacks the route) the report is dropped
+silently and the next one carries only its own interval. An older daemon refuses the stage field (its
+requests forbid unknown fields): the report is then sent again without it, and this Telemetry stops
+sending it. The daemon exports the figures as `shardcache_client_*` metrics beside its hit ratio.
 
 The last report is delivered before the interpreter exits: the reporting thread is a daemon thread (it
 must never keep a finished script alive), and a script that ends right after its loop would otherwise
@@ -35,7 +38,7 @@ from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.discovery import discover
 from shardcache.errors import DaemonUnavailable
 from shardcache.jobs import JOB_ENV, script_name
-from shardcache_protocol import API_PREFIX, TelemetryReport
+from shardcache_protocol import API_PREFIX, MAX_REPORT_STAGES, TelemetryReport
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +122,8 @@ class Telemetry:
         count: How many samples one item holds (default: `count_items`, the leading dimension of a batch).
         skipped: A running total of skipped shards (e.g. `PipelineIterator.skipped_shards`), read by the
             reporting thread and added to the corrupt count.
+        stages: Running totals of seconds per pipeline part (e.g. `PipelineIterator.stage_times`), read by
+            the reporting thread; each report carries what they grew by.
     """
 
     def __init__(
@@ -130,6 +135,7 @@ class Telemetry:
         interval_s: float = DEFAULT_INTERVAL_S,
         count: Callable[[Any], int] = count_items,
         skipped: Callable[[], int] | None = None,
+        stages: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s={interval_s!r}: expected seconds >= 0")
@@ -141,6 +147,8 @@ class Telemetry:
         self.interval_s = interval_s
         self._count = count
         self._skipped = skipped
+        self._stages = stages
+        self._stages_sent: dict[str, float] = {}
         self._lock = threading.Lock()
         self.waited_s = 0.0  # totals since construction, for the trainer's own logs
         self.samples = 0
@@ -219,7 +227,8 @@ class Telemetry:
             totals = (self.waited_s, self.samples, self.corrupt + skipped)
         now = time.monotonic()
         waited, samples, corrupt = (new - old for new, old in zip(totals, self._sent, strict=True))
-        if not samples and not corrupt and waited <= 0:
+        stages = self._stage_deltas()
+        if not samples and not corrupt and waited <= 0 and not stages:
             return None
         interval, self._sent, self._sent_at = now - self._sent_at, totals, now
         return TelemetryReport(
@@ -229,7 +238,26 @@ class Telemetry:
             wait_seconds=float(waited),
             corrupt_samples=int(corrupt),
             interval_seconds=interval,
+            stage_seconds=stages or None,
         )
+
+    def _stage_deltas(self) -> dict[str, float]:
+        """Seconds per part since the last report (parts that grew only), marking them as taken."""
+        if self._stages is None:
+            return {}
+        totals = dict(self._stages())
+        sent = self._stages_sent
+        # A total that went down restarted (a resumed pass): what it holds now is all new.
+        deltas = {name: total - sent.get(name, 0.0) for name, total in totals.items()}
+        deltas = {name: delta if delta >= 0 else totals[name] for name, delta in deltas.items()}
+        self._stages_sent = totals
+        grew = {name: delta for name, delta in deltas.items() if delta > 0}
+        if len(grew) > MAX_REPORT_STAGES:  # a report holds this many parts: the rest go together
+            names = list(grew)
+            kept = {name: grew[name] for name in names[: MAX_REPORT_STAGES - 1]}
+            kept["other"] = sum(grew[name] for name in names[MAX_REPORT_STAGES - 1 :])
+            return kept
+        return grew
 
     def flush(self, timeout: float | None = None) -> bool:
         """Send what accumulated since the last report now; False when it was dropped (no daemon).
@@ -243,8 +271,15 @@ class Telemetry:
         report = self.report()
         if report is None:
             return True
+        body = report.model_dump(exclude_none=True)
         try:
-            answer = self._control.request("POST", TELEMETRY_PATH, report.model_dump(), timeout=timeout)
+            answer = self._control.request("POST", TELEMETRY_PATH, body, timeout=timeout)
+            if answer.status == 422 and "stage_seconds" in body:
+                # A daemon older than stage times: say the rest, and stop offering them.
+                logger.debug("the daemon at %s does not take stage times; reporting without", self.socket)
+                self._stages = None
+                del body["stage_seconds"]
+                answer = self._control.request("POST", TELEMETRY_PATH, body, timeout=timeout)
         except DaemonUnavailable as exc:
             logger.debug("telemetry for job %s slot %d dropped: %s", self.job, self.slot, exc)
             return False
@@ -298,7 +333,12 @@ class Telemetry:
 
 
 def for_reader(
-    daemon: Any, job: str, slot: int, skipped: Callable[[], int], batched: bool = True
+    daemon: Any,
+    job: str,
+    slot: int,
+    skipped: Callable[[], int],
+    batched: bool = True,
+    stages: Callable[[], Mapping[str, float]] | None = None,
 ) -> Telemetry | None:
     """The automatic telemetry of one iteration (Dataset or TorchLoader), or None when `daemon=None`.
 
@@ -309,6 +349,7 @@ def for_reader(
         slot: The reader's slot in the main process (its rank's slot).
         skipped: The running count of skipped shards.
         batched: The items are batches (`count_items` counts their samples); else each is one sample.
+        stages: The running seconds per pipeline part of the reader's workers (None: not reported).
     """
     if daemon is None:
         return None
@@ -316,7 +357,7 @@ def for_reader(
     if socket is None and daemon not in ("auto", "required"):
         socket = str(daemon)
     count = count_items if batched else one_per_item
-    return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped, count=count)
+    return Telemetry(job=job, slot=slot, socket=socket, skipped=skipped, count=count, stages=stages)
 
 
 def items_are_batches(batching: Iterable[bool | None], batched_before: bool) -> bool:

@@ -16,6 +16,7 @@ from shardcache.loader.stream import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
 from shardcache.node import Node
 from shardcache.pipeline.iteration import close_all, close_telemetry
+from shardcache.pipeline.stage_times import StageStats, StageTimes
 from shardcache.resume.state import live_of, wrap
 
 
@@ -39,6 +40,8 @@ class LoaderIterator:
         self.epoch = int(header.get("epoch", 0))
         self._on_first: Callable[[int], None] | None = None
         self._next = node.__next__
+        self.began = time.perf_counter()  # this pass's wall clock and the trainer's wait: `stats()`
+        self.waited_s = 0.0
         # Positions before the latest items, for a consumer that fetches ahead of what it trained on
         # (`keep_positions`): a framework's checkpoint then names the position its step had reached. One is
         # always kept (a node's state is a few references), so an integration set up after the pass began
@@ -72,14 +75,24 @@ class LoaderIterator:
         except StopIteration:
             self.exhausted = True
             raise
+        waited = time.perf_counter() - started
+        self.waited_s += waited
         if telemetry is not None:
-            telemetry.record(time.perf_counter() - started, item)
+            telemetry.record(waited, item)
         self._before.append(before)
         if not self.started:
             self.started = True
             if self._on_first is not None:
                 self._on_first(self.epoch)
         return item
+
+    def stats(self) -> StageStats:
+        """Where this pass's time went: the workers' stage times summed, and the trainer's wait."""
+        merge = merge_of(self.node)
+        times = StageTimes() if merge is None else merge.stage_times()
+        workers = 0 if merge is None else len(merge.worker_times)
+        elapsed = time.perf_counter() - self.began
+        return StageStats(times, waited_s=self.waited_s, elapsed_s=elapsed, workers=workers)
 
     @property
     def skipped_shards(self) -> int:

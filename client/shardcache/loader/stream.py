@@ -1,9 +1,11 @@
 """TorchLoader's resumable merge of DataLoader workers.
 
 Each worker iterates its own slot of the pipeline through `WorkerStream`, which yields
-``(worker_id, payload, state_after_payload, done)``: the payload is one sample or one worker-side batch,
-the state is the worker's pipeline position after it, and a final ``done`` item says the worker's stream
-has ended. The main process does not trust the order in which the DataLoader hands items over (after a
+``(worker_id, payload, state_after_payload, done, times)``: the payload is one sample or one worker-side
+batch, the state is the worker's pipeline position after it, a final ``done`` item says the worker's stream
+has ended, and ``times`` is the worker's running `StageTimes` now and then (None in between; see
+`shardcache.pipeline.stage_times.TimesOutbox`): how its stage times reach the trainer's `stats()` and
+telemetry. The main process does not trust the order in which the DataLoader hands items over (after a
 resume it starts at worker 0 again, whatever the rotation was); `MergeNode` buffers what arrives and
 yields workers in its own strict rotation, skipping exhausted ones.
 
@@ -45,11 +47,12 @@ from shardcache.dataset import Dataset
 from shardcache.errors import StateError
 from shardcache.loader.watchdog import register_worker
 from shardcache.node import Node, State, field
+from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, add_times, timed_collate
 from shardcache.sources.deal.counting import RunFacts
 
 logger = logging.getLogger(__name__)
 
-Item = tuple[int, Any, State | None, bool]
+Item = tuple[int, Any, State | None, bool, StageTimes | None]
 
 
 def passthrough(item: Any) -> Any:
@@ -148,25 +151,29 @@ class WorkerStream:
         if state is not None:
             ds.load_state_dict(state)
         iterator = ds.iter_context(None)
-        snapshot = iterator.position
+        snapshot, outbox = iterator.position, TimesOutbox(iterator.clock)
         try:
             size = self.batch_size
             if size is None:
                 # Without a collate_fn samples pass as they are (numpy stays numpy), as in mvp-dataset.
                 convert = self.collate_fn
+                if convert is not None:
+                    convert = timed_collate(iterator.clock, convert)
                 for sample in iterator:
-                    yield wid, sample if convert is None else convert(sample), snapshot(), False
+                    payload = sample if convert is None else convert(sample)
+                    yield wid, payload, snapshot(), False, outbox.due()
             else:
                 collate = self.collate_fn if self.collate_fn is not None else data.default_collate
+                collate = timed_collate(iterator.clock, collate)
                 batch: list[Any] = []
                 for sample in iterator:
                     batch.append(sample)
                     if len(batch) == size:
-                        yield wid, collate(batch), snapshot(), False
+                        yield wid, collate(batch), snapshot(), False, outbox.due()
                         batch = []
                 if batch and not self.drop_last:
-                    yield wid, collate(batch), snapshot(), False
-            yield wid, None, snapshot(), True
+                    yield wid, collate(batch), snapshot(), False, outbox.due()
+            yield wid, None, snapshot(), True, outbox.last()
         finally:
             iterator.close()
 
@@ -330,11 +337,14 @@ class MergeNode(Node):
         # and when each worker's latest item arrived (monotonic seconds).
         self.waiting_since: float | None = None
         self.arrived_at: dict[int, float] = {}
+        # Each worker's latest running stage times, as they arrive (`stage_times`).
+        self.worker_times: dict[int, StageTimes] = {}
 
     def gen(self) -> Iterator[Any]:
         source = self.open_loader(dict(self.states), frozenset(self.exhausted))
         waiting: dict[int, deque[Item]] = {w: deque() for w in range(self.streams)}
         streams, states, exhausted, arrived = self.streams, self.states, self.exhausted, self.arrived_at
+        worker_times = self.worker_times
         clock = time.monotonic
         try:
             while len(exhausted) < streams:
@@ -355,8 +365,10 @@ class MergeNode(Node):
                         ) from None
                     waiting[item[0]].append(item)
                     arrived[item[0]] = clock()
+                    if item[4] is not None:
+                        worker_times[item[0]] = item[4]
                 self.waiting_since = None
-                _, payload, state, done = queue.popleft()
+                _, payload, state, done, _ = queue.popleft()
                 if state is not None:
                     states[w] = state
                 self.next_worker = (w + 1) % streams
@@ -376,6 +388,10 @@ class MergeNode(Node):
         Carried in each worker's state (`PipelineIterator.position`), so it costs nothing extra per item.
         """
         return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
+
+    def stage_times(self) -> StageTimes:
+        """The workers' stage times summed, as of their latest items to arrive."""
+        return add_times(list(self.worker_times.values()))
 
     @staticmethod
     def worker_states(state: State) -> dict[int, State]:

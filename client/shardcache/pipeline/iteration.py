@@ -1,10 +1,11 @@
 """One slot's pass over a pipeline: `start` (resume point, nodes, iterator) and `PipelineIterator` (its
-resume state, skip count and telemetry)."""
+resume state, skip count, stage times and telemetry)."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ from shardcache.daemon_access.telemetry import Telemetry, count_items, for_reade
 from shardcache.errors import UnsupportedResume
 from shardcache.node import Node
 from shardcache.pipeline.build import build
+from shardcache.pipeline.stage_times import StageClock, StageStats, StageTimes, stage_times_enabled
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, resume_point
 from shardcache.resume.state import STATE_VERSION, DatasetState, live_of, wrap
@@ -62,6 +64,9 @@ class PipelineIterator:
         self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
         self._on_first: Callable[[int], None] | None = None
         self.spec: PipelineSpec | None = None  # set by `start`: what `load_state_dict` builds again
+        # Set by `start` unless stage times are off; one cell the telemetry reads, a resume replaces.
+        self._clocks: list[StageClock | None] = [None]
+        self.began = time.perf_counter()  # the pass's wall clock, for `stats()`
         # Node generators reference their nodes (a cycle the garbage collector would free at some later
         # time); closing when this acyclic object is released closes shards and deletes daemon plans at once.
         self._finalizer = weakref.finalize(self, node.close)
@@ -71,12 +76,14 @@ class PipelineIterator:
 
         `batched`: items are batches (count their samples); otherwise each item is one sample.
         """
-        source = self.source
+        source, clocks = self.source, self._clocks
         telemetry = for_reader(
             spec.daemon,
             source_job(spec.hints.job, spec.shards, self.context.seed),
             self.context.slot,
             lambda: 0 if source is None else source.skipped_shards,
+            # Not `self`: the telemetry outlives this iterator in its finalizer (see `_attach`).
+            stages=lambda: _times_of(clocks).as_dict(),
         )
         if telemetry is None:
             return
@@ -110,6 +117,7 @@ class PipelineIterator:
         replacement._finalizer.detach()  # its node is this iterator's now
         self.node.close()
         self.node, self.context, self.source = replacement.node, replacement.context, replacement.source
+        self.clock = replacement.clock
         self.exhausted = False
         self._attach()
 
@@ -164,6 +172,25 @@ class PipelineIterator:
         return dict(state)
 
     @property
+    def clock(self) -> StageClock | None:
+        """The stage clock of this pass (None: stage times are off)."""
+        return self._clocks[0]
+
+    @clock.setter
+    def clock(self, clock: StageClock | None) -> None:
+        self._clocks[0] = clock
+
+    def stage_times(self) -> StageTimes:
+        """Seconds spent so far in each part of this pass (empty when stage times are off)."""
+        return _times_of(self._clocks)
+
+    def stats(self) -> StageStats:
+        """Where this pass's time went; in the trainer's own process every part is time it waited."""
+        times = self.stage_times()
+        busy = sum(times.seconds)
+        return StageStats(times, waited_s=busy, elapsed_s=time.perf_counter() - self.began, workers=0)
+
+    @property
     def skipped_shards(self) -> int:
         """Shards skipped so far under `on_error="skip"` / `on_corrupt="skip"` (kept across a resume)."""
         return 0 if self.source is None else self.source.skipped_shards
@@ -171,6 +198,11 @@ class PipelineIterator:
     def close(self) -> None:
         """Close open shards and delete this slot's daemon plans."""
         self._finalizer()
+
+
+def _times_of(clocks: list[StageClock | None]) -> StageTimes:
+    clock = clocks[0]
+    return StageTimes() if clock is None else clock.times()
 
 
 def _padded(next_item: Callable[[], Any], multiple: int) -> Iterator[Any]:
@@ -201,11 +233,12 @@ def start(spec: PipelineSpec, ctx: RuntimeContext, pending: dict[str, Any] | Non
     resume = resume_point(spec, pending, ctx)
     if resume is not None:
         ctx = ctx.with_epoch(resume.epoch)
-    node = build(spec, ctx)
+    clock = StageClock() if stage_times_enabled() else None
+    node = build(spec, ctx, clock)
     if resume is not None:
         resume.restore(node)
     iterator = PipelineIterator(node, ctx, spec.fingerprint(), spec_parts(spec))
-    iterator.spec = spec
+    iterator.spec, iterator.clock = spec, clock
     if resume is not None:
         resume.carry_over(iterator.source)
     return iterator
