@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardcache import Dataset, RuntimeContext
-from shardcache.sources.subset import normalize_fractions, permute_positions, select, select_rows
+from shardcache.sources.feistel import permute_positions
+from shardcache.sources.subset import normalize_fractions, select, select_rows
 from tests.client.pipeline_support import make_tars
 
 

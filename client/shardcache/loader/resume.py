@@ -38,6 +38,7 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
+from shardcache.sources.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.stages import Node, Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 
@@ -95,6 +96,7 @@ def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | Non
         "epoch": ctx.epoch,
         # What an elastic resume through a loader-side shuffle needs to replay this epoch's plan.
         "partitioning": shape.dataset.partitioning_of(ctx),
+        ORDER_KEY: ORDER_VERSION,  # the epoch order that plan is dealt in (`sources.order`)
         "origin": origin,
     }
 
@@ -278,6 +280,7 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> dict[s
         "slots": {},
         "exhausted": [],
         "origin": first.get("origin"),
+        ORDER_KEY: first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         "shuffle": None,
         "loader": {
             "batch": shape.batch_size or 1,

@@ -21,7 +21,8 @@ import logging
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
 from shardcache.pipeline.spec import PipelineSpec
-from shardcache.sources.partition import PLACEMENT_SEED, owners, permutation, weights_of
+from shardcache.sources.order import permutation
+from shardcache.sources.partition import PLACEMENT_SEED, owners, weights_of
 from shardcache.sources.schedule import source_job
 from shardcache.stages.builders import positive_int
 

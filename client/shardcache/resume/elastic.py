@@ -41,6 +41,7 @@ from shardcache.errors import StateError, UnsupportedResume
 from shardcache.pipeline.spec import PipelineSpec
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
+from shardcache.sources.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.sources.partition import Layout
 from shardcache.sources.pieces import needs_counts as needs_counts
 from shardcache.stages import STAGE_SPECS, Node, Stage
@@ -203,6 +204,8 @@ def origin_of(
         "slots": {str(slot): _progress(state) for slot, state, _ in entries if state is not None},
         "exhausted": sorted(slot for slot, _, done in entries if done),
         "origin": None if first is None else first.get("origin"),
+        # The order the old slots' positions were taken in (`sources.order`; states before it lack the key).
+        ORDER_KEY: ORDER_VERSION if first is None else first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
         "shuffle": None if shuffle is None else [shuffle.buffer_size, shuffle.initial, shuffle.seed],
         "loader": None,

@@ -31,12 +31,24 @@ from shardcache.errors import (
     RemoteNotFound,
     StateError,
 )
+from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.counting import RunFacts, unit_counts
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch, resolve, weights_of
+from shardcache.sources.order import ORDER_KEY, ORDER_VERSION, check_order_version
+from shardcache.sources.partition import (
+    Layout,
+    Partitioning,
+    Piece,
+    ShardUnits,
+    Unit,
+    plan_epoch,
+    resolve,
+    slot_share,
+    weights_of,
+)
 from shardcache.sources.pieces import needs_counts, remaining_pieces
 from shardcache.sources.schedule import (
     PlanTracker,
@@ -52,6 +64,8 @@ logger = logging.getLogger(__name__)
 # What `on_error="skip"` skips: the shard is bad or unreachable for good. Not DaemonUnavailable (the client
 # falls back to direct reads), NotAllowed, BadRequest or InsufficientCapacity (configuration to fix).
 SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
+
+_WEIGHTS: IdentityMemo[tuple[float, ...]] = IdentityMemo()
 
 
 class SourceNode(Node):
@@ -137,6 +151,21 @@ class SourceNode(Node):
         """What this slot reads in `round_index` of the current epoch, in reading order."""
         if not self.partitioned:
             return [Piece(u) for u in self.order(units, round_index)]
+        if self.origin is None and not self.spec.hints.node_owners:
+            # Whole units, no even=/exchange=: this slot's share alone, O(n / slots) (`slot_share`).
+            share = slot_share(
+                len(units),
+                lambda: self.weights(units),
+                Layout.of(self.ctx),
+                self.partitioning,
+                self.ctx.seed,
+                self.epoch,
+                round_index,
+                self.ctx.slot,
+                shuffle=self.spec.shuffles_units,
+            )
+            if share is not None:
+                return share
         return self.plan(units, round_index)[self.ctx.slot]
 
     def plan(self, units: Sequence[Unit], round_index: int, origin: State | None = None) -> list[list[Piece]]:
@@ -172,7 +201,15 @@ class SourceNode(Node):
         return [owner.get(u.ref.url, 0) for u in units]
 
     def weights(self, units: Sequence[Unit]) -> tuple[float, ...]:
-        """Node-placement weights of the units (metadata only: see `partition.weights_of`)."""
+        """Node-placement weights of the units (metadata only: see `partition.weights_of`); whole shards'
+        are computed once per process and shard list (no unit objects made)."""
+        if isinstance(units, ShardUnits):
+            shards = units.shards
+            return _WEIGHTS.get(
+                shards,
+                "weights",
+                lambda: weights_of([r.num_samples for r in shards], [r.size for r in shards]),
+            )
         return weights_of([u.count for u in units], [u.ref.size for u in units])
 
     def count(self, unit: Unit) -> int:
@@ -304,6 +341,7 @@ class SourceNode(Node):
             # What an elastic resume on another layout needs to recompute this epoch's plan.
             "layout": Layout.of(self.ctx).as_dict(),
             "partitioning": part.as_list(),
+            ORDER_KEY: ORDER_VERSION,
         }
         if self.origin is not None:
             state["origin"] = self.origin
@@ -321,6 +359,7 @@ class SourceNode(Node):
                 raise StateError(f"resume state field {name!r}={value!r} must be a non-negative integer")
         if state["round"] and not self.spec.resample:
             raise StateError("resume state has round > 0 but this source does not resample")
+        check_order_version(state)
         self.epoch, self.round, self.pos, self.index = (
             state["epoch"],
             state["round"],

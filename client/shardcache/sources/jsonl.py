@@ -25,7 +25,8 @@ from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.partition import Unit, permutation
+from shardcache.sources.order import permutation
+from shardcache.sources.partition import Unit
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
 TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"

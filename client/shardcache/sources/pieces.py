@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from shardcache.context import RuntimeContext
 from shardcache.errors import UnsupportedResume
 from shardcache.sources.options import PlanHints
+from shardcache.sources.order import check_order_version
 from shardcache.sources.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.stages import Node
 from shardcache.stages.shuffle import ShuffleStage
@@ -69,6 +70,7 @@ def remaining_pieces(
     whole = [Piece(i, 0, None if counts is None else counts[i]) for i in range(len(units))]
     if origin.get("layout") is None:
         return whole
+    check_order_version(origin, "elastic resume state")
     nested = origin.get("origin")
     universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
     layout = Layout(**origin["layout"])
