@@ -233,7 +233,9 @@ class SourceNode(Node):
                 plan_epoch_index = self.epoch if not resample else self.epoch + self.round
                 # The next plan is computed and announced in the background: the first sample waits for
                 # this epoch's plan only (see PlanTracker.start).
-                tracker.start(plan_epoch_index, self._urls(units, pieces), self._next_urls(units))
+                # Without a daemon there is no plan to announce: no URL list is made.
+                urls = self._urls(units, pieces) if tracker.client is not None else []
+                tracker.start(plan_epoch_index, urls, self._next_urls(units))
 
                 def resync(after: int, pieces: list[Piece] = pieces, epoch: int = plan_epoch_index) -> None:
                     # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
