@@ -13,6 +13,7 @@ import pytest
 
 from shardcache import Dataset, ResumeStateError, merge_states
 from shardcache.resume.elastic import elastic_state, origin_of
+from shardcache.snapshots.store import EntryPaths
 from shardcache.sources.order import ORDER_KEY, ORDER_VERSION
 from tests.client.pipeline_support import keys, make_tars, slot_contexts
 
@@ -108,3 +109,11 @@ def test_a_state_of_this_order_resumes_exactly(tars: list[str]) -> None:
     resumed = dataset(tars)
     resumed.load_state_dict(json.loads(json.dumps(it.state_dict())))
     assert head + keys(resumed) == keys(dataset(tars))
+
+
+def test_cache_parts_are_kept_apart_per_order_version(tmp_path: Path) -> None:
+    # A .cache() part is one slot's share of epoch 0's order: parts an older shardcache left half built
+    # (another order) must never be merged with this version's.
+    entry = EntryPaths(tmp_path / "entry")
+    assert entry.parts_dir(4).name == f"parts-4-order{ORDER_VERSION}"
+    assert entry.part_dir(4, 1).parent == entry.parts_dir(4)
