@@ -26,8 +26,12 @@ DataLoader worker) in two steps:
    same number of samples and worker-side batches.
 
 A `Piece` is a unit's sample range; a resumed epoch on another topology (`shardcache.resume.elastic`) is
-planned
-from the remaining pieces instead of whole units, with the same two steps.
+planned from the remaining pieces instead of whole units, with the same two steps.
+
+Orders come from `sources.order` (a keyed bijection evaluated position by position). A reader of whole
+units without `even=` or `exchange=` plans its own slot only (`slot_share`: O(n / slots) per epoch, after
+the node shares, O(n log groups), once per process); `plan_epoch` plans every slot, O(n), where the cut at
+sample granularity, the exchange or an elastic replay needs the whole deal.
 """
 
 from __future__ import annotations
