@@ -41,9 +41,8 @@ def script_name(argv0: str | None = None) -> str:
 def shards_hash(urls: Sequence[str], seed: int) -> str:
     """A short stable hash of the shard list and seed (the same on every rank)."""
     digest = hashlib.sha256(f"{seed}\n".encode())
-    for url in urls:
-        digest.update(url.encode())
-        digest.update(b"\n")
+    if urls:  # one join and one update: the same bytes as url + "\n" per url, at C speed for 10^6 urls
+        digest.update(("\n".join(urls) + "\n").encode())
     return digest.hexdigest()[:8]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,9 @@ from shardcache.extras import filesystem_extra
 
 logger = logging.getLogger(__name__)
 
-_GLOB_CHARS = ("*", "?", "[")
+_GLOB = re.compile(r"[*?\[]")
+# How many local paths of a shard list are checked to exist when the Dataset is built (`_first_missing`).
+_CHECKED = 1024
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,21 @@ def _is_manifest(item: str, data_suffix: str | None) -> bool:
     return item.endswith(".jsonl") and data_suffix != ".jsonl"
 
 
+def _first_missing(urls: Sequence[str]) -> str | None:
+    """The first local path of `urls` found not to exist, else None.
+
+    Up to `_CHECKED` paths are all stat-ed. Of a longer list, `_CHECKED` evenly spaced ones are (the first
+    and last among them): a wrong folder or brace range still fails here, before anything is planned, while
+    10^6 paths cost no 10^6 stats (seconds) at every build. A path missing among the others fails when it is
+    read, with `ShardNotFound` naming it (skipped under `on_error="skip"`).
+    """
+    step = max(1, -(-len(urls) // _CHECKED))
+    checked = list(urls[::step])
+    if (len(urls) - 1) % step:
+        checked.append(urls[-1])
+    return next((url for url in checked if not os.path.exists(local_path(url))), None)
+
+
 def _expanded(text: str) -> Iterable[str]:
     """`braceexpand` of `text`; a text without braces or escapes is itself (a list of 10^6 plain URLs
     would otherwise spend most of its expansion parsing patterns that are not there)."""
@@ -129,6 +147,7 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
             f"shards={spec!r}: expected a path or URL, a list of them, a brace range, a glob or a manifest"
         )
     refs: list[ShardRef] = []
+    local: list[str] = []  # plain local paths, checked for existence together (`_first_missing`)
     for item in items:
         if isinstance(item, ShardRef):
             refs.append(item)
@@ -138,15 +157,18 @@ def expand_shards(spec: Any, *, data_suffix: str | None = None) -> list[ShardRef
         for text in _expanded(os.fspath(item)):
             if _is_manifest(text, data_suffix):
                 refs.extend(read_manifest(text))
-            elif any(c in text for c in _GLOB_CHARS):
+            elif _GLOB.search(text):
                 matches = _glob(text)
                 if not matches:
                     raise ConfigError(f"shards: the glob {text!r} matches no file")
                 refs.extend(ShardRef(m) for m in matches)
             else:
-                if is_local(text) and not os.path.exists(local_path(text)):
-                    raise ConfigError(f"shards: {text} does not exist; check the path or brace range")
+                if is_local(text):
+                    local.append(text)
                 refs.append(ShardRef(text))
+    missing = _first_missing(local)
+    if missing is not None:
+        raise ConfigError(f"shards: {missing} does not exist; check the path or brace range")
     if not refs:
         raise ConfigError(f"shards={spec!r}: no shard given")
     return refs

@@ -38,6 +38,7 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
+from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.sources.deal.partition import Layout, Partitioning
 from shardcache.sources.deal.pieces import ElasticOrigin, LoaderShuffleOrigin, ShuffleProgress, needs_counts
 from shardcache.spec import PipelineSpec
@@ -98,6 +99,7 @@ def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | Non
         "epoch": ctx.epoch,
         # What an elastic resume through a loader-side shuffle needs to replay this epoch's plan.
         "partitioning": shape.dataset.partitioning_of(ctx),
+        ORDER_KEY: ORDER_VERSION,  # the epoch order that plan is dealt in (`sources.deal.order`)
         "origin": origin,
     }
 
@@ -278,6 +280,7 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> Elasti
         slots={},
         exhausted=frozenset(),
         origin=None if nested is None else ElasticOrigin.of(nested),
+        order_version=first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         shuffle=None,
         loader=LoaderShuffleOrigin(
             shape.batch_size or 1, (shuffle.buffer_size, shuffle.initial, shuffle.seed), ranks

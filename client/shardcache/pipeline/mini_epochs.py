@@ -20,7 +20,8 @@ import logging
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, positive_int
-from shardcache.sources.deal.partition import PLACEMENT_SEED, owners, permutation, weights_of
+from shardcache.sources.deal.order import permutation
+from shardcache.sources.deal.partition import PLACEMENT_SEED, owners, weights_of
 from shardcache.sources.deal.schedule import source_job
 from shardcache.spec import PipelineSpec
 

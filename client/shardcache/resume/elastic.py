@@ -41,6 +41,7 @@ from shardcache.errors import StateError, UnsupportedResume
 from shardcache.node import Node
 from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
 from shardcache.sources.base import unit_position
+from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.sources.deal.partition import Layout, Partitioning
 from shardcache.sources.deal.pieces import ElasticOrigin, ShuffleProgress
 from shardcache.spec import PipelineSpec
@@ -205,6 +206,8 @@ def origin_of(
         slots={slot: _progress(state) for slot, state, _ in entries if state is not None},
         exhausted=frozenset(slot for slot, _, done in entries if done),
         origin=None if nested is None else ElasticOrigin.of(nested),
+        # The order the old slots' positions were taken in (`sources.deal.order`; earlier states lack it).
+        order_version=ORDER_VERSION if first is None else first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
         shuffle=None if shuffle is None else (shuffle.buffer_size, shuffle.initial, shuffle.seed),
         loader=None,

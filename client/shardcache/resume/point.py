@@ -25,7 +25,8 @@ from shardcache.resume.state import (
     initial,
     unwrap,
 )
-from shardcache.sources.base import SourceNode, source_below
+from shardcache.sources.base import SourceNode, source_below, unit_position
+from shardcache.sources.deal.order import check_order_version
 from shardcache.sources.deal.pieces import ElasticOrigin
 from shardcache.spec import PipelineSpec
 from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
@@ -47,6 +48,9 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
     else:
         check_state(spec, state, None)
     check_identity(loaded.identity, initial_state(spec, ctx)["identity"])
+    if not loaded.fresh:
+        for own in state.get("states") or [] if is_merged(state) else [state]:
+            check_source_order(own)
     if not loaded.fresh and not is_merged(state):
         check_assemblers(spec, state, ctx)
     if spec.source.context is not None:
@@ -54,6 +58,16 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
         # another seed now, as mvp-dataset does; an inferred one is checked when the iteration starts.
         check_seed(state, ctx.seed)
     return None if loaded.fresh else state
+
+
+def check_source_order(state: Any) -> None:
+    """Refuse, when it loads, a reader's state whose source position was taken in another version of the
+    epoch order (`sources.deal.order.check_order_version`); the source checks it again when it resumes."""
+    node_state: Any = state.get("pipeline") if isinstance(state, dict) else None
+    while isinstance(node_state, dict) and isinstance(node_state.get("up"), dict):
+        node_state = Node.state_below(node_state)
+    if isinstance(node_state, dict) and unit_position(node_state) is not None:
+        check_order_version(node_state)
 
 
 def check_assemblers(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> None:

@@ -6,7 +6,7 @@
     locks/part-<D>-<k>.lock          one builder per part (flock; dropped if the builder dies)
     locks/merge.lock
     tmp/<label>.<pid>.<random>/      builds in progress; removed by the next holder of the label's lock
-    parts-<D>/part-<k>/              part k of D data-parallel slots: data.lance + part.json
+    parts-<D>-order<V>/part-<k>/     part k of D data-parallel slots: data.lance + part.json
     dataset/                         the merged dataset: data.lance + complete.json
 ```
 
@@ -29,6 +29,7 @@ from typing import Any
 from shardcache import envvars
 from shardcache.durable import FileLock, read_json
 from shardcache.errors import CacheError
+from shardcache.sources.deal.order import ORDER_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,10 @@ class EntryPaths:
         return (self.dataset_dir / DATASET_MARKER).is_file()
 
     def parts_dir(self, slots: int) -> Path:
-        return self.root / f"parts-{slots}"
+        # Part k holds slot k's share of epoch 0's order: parts dealt in another order version (a build
+        # left half done by an older shardcache) would overlap and miss rows when merged with these, so
+        # they are never picked up. The merged dataset holds every row either way and is reused as it is.
+        return self.root / f"parts-{slots}-order{ORDER_VERSION}"
 
     def part_dir(self, slots: int, index: int) -> Path:
         return self.parts_dir(slots) / f"part-{index:05d}"

@@ -31,17 +31,21 @@ from shardcache.errors import (
     RemoteNotFound,
     StateError,
 )
+from shardcache.memo import IdentityMemo
 from shardcache.node import Node, State
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.counting import RunFacts, unit_counts
+from shardcache.sources.deal.order import ORDER_KEY, ORDER_VERSION, check_order_version
 from shardcache.sources.deal.partition import (
     Layout,
     Partitioning,
     Piece,
+    ShardUnits,
     Unit,
     plan_epoch,
     resolve,
+    slot_share,
     weights_of,
 )
 from shardcache.sources.deal.pieces import ElasticOrigin, needs_counts, remaining_pieces
@@ -60,6 +64,8 @@ logger = logging.getLogger(__name__)
 # What `on_error="skip"` skips: the shard is bad or unreachable for good. Not DaemonUnavailable (the client
 # falls back to direct reads), NotAllowed, BadRequest or InsufficientCapacity (configuration to fix).
 SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
+
+_WEIGHTS: IdentityMemo[tuple[float, ...]] = IdentityMemo()
 
 
 class SourceNode(Node):
@@ -152,6 +158,21 @@ class SourceNode(Node):
         """What this slot reads in `round_index` of the current epoch, in reading order."""
         if not self.partitioned:
             return [Piece(u) for u in self.order(units, round_index)]
+        if self.origin is None and not self.spec.hints.node_owners:
+            # Whole units, no even=/exchange=: this slot's share alone, O(n / slots) (`slot_share`).
+            share = slot_share(
+                len(units),
+                lambda: self.weights(units),
+                Layout.of(self.ctx),
+                self.partitioning,
+                self.ctx.seed,
+                self.epoch,
+                round_index,
+                self.ctx.slot,
+                shuffle=self.spec.shuffles_units,
+            )
+            if share is not None:
+                return share
         return self.plan(units, round_index)[self.ctx.slot]
 
     def plan(self, units: Sequence[Unit], round_index: int) -> list[list[Piece]]:
@@ -186,7 +207,15 @@ class SourceNode(Node):
         return [owner.get(u.ref.url, 0) for u in units]
 
     def weights(self, units: Sequence[Unit]) -> tuple[float, ...]:
-        """Node-placement weights of the units (metadata only: see `partition.weights_of`)."""
+        """Node-placement weights of the units (metadata only: see `partition.weights_of`); whole shards'
+        are computed once per process and shard list (no unit objects made)."""
+        if isinstance(units, ShardUnits):
+            shards = units.shards
+            return _WEIGHTS.get(
+                shards,
+                "weights",
+                lambda: weights_of([r.num_samples for r in shards], [r.size for r in shards]),
+            )
         return weights_of([u.count for u in units], [u.ref.size for u in units])
 
     def count(self, unit: Unit) -> int:
@@ -210,7 +239,9 @@ class SourceNode(Node):
                 plan_epoch_index = self.epoch if not resample else self.epoch + self.round
                 # The next plan is computed and announced in the background: the first sample waits for
                 # this epoch's plan only (see PlanTracker.start).
-                tracker.start(plan_epoch_index, self._urls(units, pieces), self._next_urls(units))
+                # Without a daemon there is no plan to announce: no URL list is made.
+                urls = self._urls(units, pieces) if tracker.client is not None else []
+                tracker.start(plan_epoch_index, urls, self._next_urls(units))
 
                 def resync(after: int, pieces: list[Piece] = pieces, epoch: int = plan_epoch_index) -> None:
                     # The daemon may have lost the plans (see PlanTracker.stale): announce what is left.
@@ -318,6 +349,7 @@ class SourceNode(Node):
             # What an elastic resume on another layout needs to recompute this epoch's plan.
             "layout": Layout.of(self.ctx).as_dict(),
             "partitioning": part.as_list(),
+            ORDER_KEY: ORDER_VERSION,
         }
         if self.origin is not None:
             state["origin"] = self.origin.as_state()
@@ -335,6 +367,7 @@ class SourceNode(Node):
                 raise StateError(f"resume state field {name!r}={value!r} must be a non-negative integer")
         if state["round"] and not self.spec.resample:
             raise StateError("resume state has round > 0 but this source does not resample")
+        check_order_version(state)
         self.epoch, self.round, self.pos, self.index = (
             state["epoch"],
             state["round"],

@@ -23,7 +23,8 @@ from shardcache.errors import ConfigError, CorruptShardError, ShardError
 from shardcache.shards import ShardRef, has_protocol
 from shardcache.sources.base import SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
-from shardcache.sources.deal.partition import Unit, permutation
+from shardcache.sources.deal.order import permutation
+from shardcache.sources.deal.partition import Unit
 from shardcache.sources.kinds import SourceKind
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions

@@ -26,16 +26,19 @@ DataLoader worker) in two steps:
    same number of samples and worker-side batches.
 
 A `Piece` is a unit's sample range; a resumed epoch on another topology (`shardcache.resume.elastic`) is
-planned
-from the remaining pieces instead of whole units, with the same two steps.
+planned from the remaining pieces instead of whole units, with the same two steps.
+
+Orders come from `sources.deal.order` (a keyed bijection evaluated position by position). A reader of whole
+units without `even=` or `exchange=` plans its own slot only (`slot_share`: O(n / slots) per epoch, after
+the node shares, O(n log groups), once per process); `plan_epoch` plans every slot, O(n), where the cut at
+sample granularity, the exchange or an elastic replay needs the whole deal.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -43,7 +46,9 @@ import numpy as np
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
+from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
+from shardcache.sources.deal.order import order_at, order_key, permutation
 
 PLACEMENTS = ("global", "node")
 EVEN_MODES = ("drop", "pad")
@@ -68,6 +73,11 @@ class ShardUnits(Sequence[Unit]):
 
     def __init__(self, shards: Sequence[ShardRef]) -> None:
         self._shards = shards
+
+    @property
+    def shards(self) -> Sequence[ShardRef]:
+        """The shard references the units are made from (one unit per shard, in this order)."""
+        return self._shards
 
     def __len__(self) -> int:
         return len(self._shards)
@@ -178,29 +188,6 @@ def resolve(
     return Partitioning(placement, even, float(exchange))
 
 
-def permutation(n: int, seed: int, epoch: int, round_index: int = 0, salt: str = "") -> list[int]:
-    """The permutation of range(n) for (seed, epoch, round); the same in every process (a new list)."""
-    return shuffled(n, seed, epoch, round_index, salt).tolist()  # type: ignore[no-any-return]
-
-
-@functools.lru_cache(maxsize=4)
-def shuffled(n: int, seed: int, epoch: int, round_index: int = 0, salt: str = "") -> np.ndarray:
-    """`permutation` as a read-only array, kept for the last few (n, seed, epoch, round, salt) of this
-    process: a reader at 10^6 units shuffles once per epoch however often it plans, and its next epoch's
-    order, computed while it announces the next plan, is there when that epoch starts.
-
-    The order is `random.Random(...).shuffle`'s, as it always was: resume states and plans stay valid. That
-    shuffle is O(n) in the interpreter (about 1 s at 10^6 on a slow core); it is the one O(dataset) step a
-    reader still pays per epoch.
-    """
-    order = list(range(n))
-    random.Random(f"shardcache:{seed}:{epoch}:{round_index}{salt}").shuffle(order)
-    array = np.array(order, dtype=np.int64 if n > 2**31 - 1 else np.int32)
-    del order
-    array.setflags(write=False)
-    return array
-
-
 @functools.lru_cache(maxsize=16)
 def node_members(weights: tuple[float, ...], groups: int, seed: int) -> tuple[tuple[int, ...], ...]:
     """The units of each node group, in canonical order: fixed across epochs (see the module).
@@ -256,15 +243,63 @@ def owners(weights: tuple[float, ...], groups: int, seed: int) -> list[int]:
 
 
 def exchanged(owner: list[int], fraction: float, groups: int, seed: int, epoch: int) -> list[int]:
-    """`owner` with a random `fraction` of the units moved to another group for this epoch."""
+    """`owner` with a random `fraction` of the units moved to another group for this epoch (drawn per
+    epoch, vectorised: O(n) per epoch, the one per-epoch pass over every unit that `exchange=` costs)."""
     if not fraction or groups < 2:
         return owner
-    rng = random.Random(f"shardcache:{seed}:{epoch}:exchange")
-    moved = list(owner)
-    for u in range(len(moved)):
-        if rng.random() < fraction:
-            moved[u] = (moved[u] + 1 + rng.randrange(groups - 1)) % groups
-    return moved
+    rng = np.random.default_rng(order_key(seed, epoch, 0, ":exchange"))
+    current = np.asarray(owner, dtype=np.int64)
+    moves = rng.random(len(current)) < fraction
+    shift = 1 + rng.integers(0, groups - 1, size=len(current))
+    return np.where(moves, (current + shift) % groups, current).tolist()  # type: ignore[no-any-return]
+
+
+_MEMBERS: IdentityMemo[tuple[np.ndarray, ...]] = IdentityMemo()
+
+
+def group_members(weights: tuple[float, ...], groups: int) -> tuple[np.ndarray, ...]:
+    """`node_members` as int64 arrays, memoised per process by the identity of `weights`: looking a tuple
+    of 10^6 weights up in `node_members`' cache hashes all of it, every epoch."""
+    return _MEMBERS.get(
+        weights,
+        groups,
+        lambda: tuple(np.asarray(m, dtype=np.int64) for m in node_members(weights, groups, PLACEMENT_SEED)),
+    )
+
+
+def slot_share(
+    n: int,
+    weights: Callable[[], tuple[float, ...]],
+    layout: Layout,
+    partitioning: Partitioning,
+    seed: int,
+    epoch: int,
+    round_index: int,
+    slot: int,
+    shuffle: bool = True,
+) -> list[Piece] | None:
+    """Slot `slot`'s pieces of a deal of n whole units, `plan_epoch(...)[slot]` computed for this slot
+    alone: its stride of positions of its group's order, mapped one by one (`order_at`). O(n / slots) per
+    epoch; with several node groups the groups' members come first, O(n log groups) once per process
+    (`group_members`). None where this does not apply (`even=`, `exchange=`: `plan_epoch` plans those).
+
+    `weights()` gives the units' placement weights; called only with several node groups.
+    """
+    if partitioning.even is not None or partitioning.exchange:
+        return None
+    groups = layout.groups if partitioning.placement == "node" else 1
+    per_group = layout.total_slots // groups
+    g, j = divmod(slot, per_group)
+    members: np.ndarray | None = None
+    size, salt = n, ""
+    if groups > 1:
+        members = group_members(weights(), groups)[g]
+        size, salt = len(members), f":g{g}"
+    positions = np.arange((j - round_index * size) % per_group, size, per_group, dtype=np.int64)
+    if shuffle:
+        positions = order_at(positions, size, seed, epoch, round_index, salt)
+    units = positions if members is None else members[positions]
+    return [Piece(u) for u in units.tolist()]
 
 
 def cut(pieces: Sequence[Piece], lengths: Sequence[int]) -> list[list[Piece]]:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from shardcache.buffer_shuffle import buffered_inputs
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
+from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, check_order_version
 from shardcache.sources.deal.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.sources.options import PlanHints
 
@@ -59,6 +60,8 @@ class ElasticOrigin:
     exhausted: frozenset[int]
     # The origin the old readers had themselves resumed from (an elastic resume of an elastic resume).
     origin: ElasticOrigin | None
+    # The epoch order the old positions were taken in (`sources.deal.order`; earlier origins lack the key).
+    order_version: Any
     # The dataset's own shuffle the old slots ran, if any.
     shuffle: ShuffleParams | None
     loader: LoaderShuffleOrigin | None
@@ -85,6 +88,7 @@ class ElasticOrigin:
                 slots=slots,
                 exhausted=frozenset(int(slot) for slot in state.get("exhausted", ())),
                 origin=None if nested is None else cls.of(nested),
+                order_version=state.get(ORDER_KEY, LEGACY_ORDER_VERSION),
                 shuffle=None if state.get("shuffle") is None else _shuffle_params(state["shuffle"]),
                 loader=None
                 if loader is None
@@ -115,6 +119,7 @@ class ElasticOrigin:
             },
             "exhausted": sorted(self.exhausted),
             "origin": None if self.origin is None else self.origin.as_state(),
+            ORDER_KEY: self.order_version,
             "shuffle": None if self.shuffle is None else list(self.shuffle),
             "loader": None
             if loader is None
@@ -186,6 +191,7 @@ def remaining_pieces(
     layout, partitioning = origin.layout, origin.partitioning
     if layout is None or partitioning is None:
         return whole
+    check_order_version({ORDER_KEY: origin.order_version, "epoch": origin.epoch}, "elastic resume state")
     nested = origin.origin
     universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
     if not node.partitionable:

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from shardcache import forksafe
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
@@ -37,7 +39,7 @@ from shardcache.errors import ConfigError, DaemonRequestError
 from shardcache.jobs import default_job, job_named, shards_hash
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
-from shardcache.sources.deal.partition import shuffled
+from shardcache.sources.deal.order import order_at
 from shardcache.sources.kinds import kind_of
 
 logger = logging.getLogger(__name__)
@@ -118,13 +120,14 @@ def slot_order(
     n: int, ctx: RuntimeContext, epoch: int, round_index: int = 0, shuffle: bool = True
 ) -> list[int]:
     """Indices of the units slot `ctx.slot` reads in this epoch and round, in reading order: the positions
-    i of the epoch's order with (round * n + i) % total_slots == slot (a slice: O(n / total_slots) once the
-    order is known)."""
+    i of the epoch's order with (round * n + i) % total_slots == slot, each mapped on its own
+    (`sources.deal.order.order_at`): O(n / total_slots), no permutation of all n."""
     total, slot, base = ctx.total_slots, ctx.slot, round_index * n
     first = (slot - base) % total
     if not shuffle:
         return list(range(first, n, total))
-    return shuffled(n, ctx.seed, epoch, round_index)[first::total].tolist()  # type: ignore[no-any-return]
+    positions = np.arange(first, n, total, dtype=np.int64)
+    return order_at(positions, n, ctx.seed, epoch, round_index).tolist()  # type: ignore[no-any-return]
 
 
 _SHARD_HASHES: IdentityMemo[str] = IdentityMemo()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from shardcache.errors import ConfigError, positive_int
-from shardcache.sources.deal.partition import permutation
+from shardcache.sources.deal.order import permutation
 
 SHUFFLE_MODES = ("none", "global", "chunk", "random_scan")
 ROW_ORDERS = ("permuted", "sequential")

@@ -12,7 +12,7 @@ from shardcache.errors import StateError
 from shardcache.sources.deal.partition import Layout, Partitioning
 from shardcache.sources.deal.pieces import ElasticOrigin, ShuffleProgress, needs_counts
 
-# As resume.elastic.origin_of wrote it before the origin had a type: slot progress as [pos, index] or a
+# As resume.elastic.origin_of wrote it before the origin had a type (plus the epoch order's version): slot progress as [pos, index] or a
 # shuffle's {taken, emitted}, a nested origin, the dataset's own shuffle.
 DATASET_ORIGIN: dict[str, Any] = {
     "epoch": 2,
@@ -27,9 +27,11 @@ DATASET_ORIGIN: dict[str, Any] = {
         "slots": {"1": [1, 0]},
         "exhausted": [],
         "origin": None,
+        "order": 2,
         "shuffle": None,
         "loader": None,
     },
+    "order": 2,
     "shuffle": [16, None, 7],
     "loader": None,
 }
@@ -42,6 +44,7 @@ LOADER_ORIGIN: dict[str, Any] = {
     "slots": {},
     "exhausted": [],
     "origin": None,
+    "order": 2,
     "shuffle": None,
     "loader": {"batch": 4, "shuffle": [32, 8, None], "ranks": {"0": [12, 4], "1": [9, 1]}},
 }
@@ -50,6 +53,11 @@ LOADER_ORIGIN: dict[str, Any] = {
 @pytest.mark.parametrize("state", [DATASET_ORIGIN, LOADER_ORIGIN], ids=["dataset", "loader"])
 def test_an_origin_reads_and_writes_back_the_same_json(state: dict[str, Any]) -> None:
     assert json.dumps(ElasticOrigin.of(state).as_state()) == json.dumps(state)
+
+
+def test_an_origin_without_an_order_version_is_of_the_first_order() -> None:
+    legacy = {k: v for k, v in DATASET_ORIGIN.items() if k != "order"}
+    assert ElasticOrigin.of(legacy).order_version == 1
 
 
 def test_an_origin_carries_typed_progress() -> None:

@@ -25,7 +25,8 @@ import pytest
 
 from harness.pipelines import make_tars
 from shardcache import Dataset, RuntimeContext
-from shardcache.sources.deal.subset import normalize_fractions, permute_positions, select, select_rows
+from shardcache.sources.deal.feistel import permute_positions
+from shardcache.sources.deal.subset import normalize_fractions, select, select_rows
 
 
 class Five:
