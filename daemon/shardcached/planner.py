@@ -341,11 +341,11 @@ class Planner:
 
     def _use_time(self, chain: Chain, epoch: int, position: int) -> float:
         """`chain`'s estimated clock time now of its use (epoch, position); inf for a dropped plan's."""
-        plan = next((p for p in chain.plans if p.epoch == epoch), None)
-        if plan is None:
-            return math.inf
-        line = plan.time_line(self._clock(), self._registry.reference_interval())
-        return line[0] + position * line[1]
+        for plan in chain.plans:  # a loop, not next(generator): this runs per url indexed
+            if plan.epoch == epoch:
+                base, interval = plan.time_line(self._clock(), self._registry.reference_interval())
+                return base + position * interval
+        return math.inf
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
