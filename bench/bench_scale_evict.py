@@ -17,7 +17,8 @@ Measured in the same run, on the same planner state:
   on a planner that has the same plans but no resident shards (what an open cost before the index).
 
 Both must choose the same victim (checked). `--epoch-start` puts every cursor at 0 instead: every resident
-shard is still ahead in the current epoch and planned again in the next, the threshold walk's worst case.
+shard is still ahead in the current epoch and planned again in the next (the case that made the first
+version's threshold walk, over every chain's full order, meet every next-epoch entry).
 
     .venv/bin/python -m bench.bench_scale_evict                       # 10^3, 10^4, 10^5 shards
     timeout 3000 .venv/bin/python -m bench.bench_scale_evict --sizes 1000 1000000

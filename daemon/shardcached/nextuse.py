@@ -11,15 +11,20 @@ and pace change), so no single global order by time stays valid. Two orders do:
 * Shards that no plan holds ahead of a cursor ("idle") rank by recency alone, which changes only when the url
   is touched: they are kept sorted by ``(recency rank, store order)``.
 
-The farthest-next-use victim is then the max over urls of a min over chains, found by a threshold walk
-(Fagin's TA): walk every chain's order from its far end, always the chain whose next entry is latest,
-evaluate each url met exactly, and stop once the best exact time is later than every chain's next entry (no
-url not yet met can be later). Ties go to the earliest in store order, as the old linear scan did.
+Each planned url is also filed once more, under one *owner*: the chain whose use of it was the earliest in
+time when it was last filed (the times of that moment). A chain's owned entries keep its order, and a url's
+owned entry is one of its uses, so its time there is never earlier than the url's exact next use: an upper
+bound, however stale the owner has become since (paces change, cursors move). The farthest-next-use victim
+is then found by a threshold walk over the owned orders (Fagin's TA, each url met at most once): walk them
+from their far ends, always the one whose next entry is latest, evaluate each url met exactly, and stop once
+the best exact time is later than every order's next entry (no url not yet met can be later). Ties go to the
+earliest in store order, as the old linear scan did. A url met whose exact time is earlier than its owned
+entry's has a stale owner: it is refiled under its earliest chain after the walk, so it is met once.
 
-The walk meets entries of urls that another chain needs sooner before it reaches the victim. In a steady
-state (some resident shards already read this epoch) that is a handful; its worst case is a cache whose every
-shard is still ahead in the current epoch *and* planned again in the next, right at an epoch start, where it
-meets up to every next-epoch entry (see docs/benchmarks.md, "Eviction decisions at scale").
+Walking every chain's full order instead (the first version) meets the entries of urls that another chain
+needs sooner before it reaches the victim: right at an epoch start, with every resident shard ahead in the
+current epoch and planned again in the next, that was every next-epoch entry. Under owners those entries are
+not in the walk at all (see docs/benchmarks.md, "Eviction decisions at scale").
 
 Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
 unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
@@ -37,6 +42,8 @@ from sortedcontainers import SortedList
 from shardcached.plans import Chain, Plan, Positions, first_at_or_after
 
 Key = tuple[int, int]  # (epoch, position) of a use within one chain
+Entry = tuple[int, int, str]  # (epoch, position, url): one use, as filed in a chain's orders
+UseTime = Callable[[Chain, int, int], float]  # a chain's estimated clock time of its use (epoch, position)
 
 
 def uses_by_chain(positions: Positions, plans: dict[str, Plan], url: str) -> dict[Chain, Key]:
@@ -73,6 +80,8 @@ class NextUseIndex:
         rank: the recency rank of a url (larger is more recent; 0 never used).
         uses: a url's first use ahead of the cursor in every chain that has one.
         use_in: a url's first use ahead of the cursor in one chain, or None.
+        use_time: a chain's estimated time of one of its uses now, which picks a url's owner when it is
+            filed (any choice is correct; the earliest keeps the walk short).
         by_recency_only: keep every resident url in the recency order (the lru policy): plans are ignored.
     """
 
@@ -81,17 +90,21 @@ class NextUseIndex:
         rank: Callable[[str], int],
         uses: Callable[[str], dict[Chain, Key]],
         use_in: Callable[[str, Chain], Key | None],
+        use_time: UseTime,
         *,
         by_recency_only: bool = False,
     ) -> None:
         self._rank = rank
         self._uses = uses
         self._use_in = use_in
+        self._use_time = use_time
         self._by_recency_only = by_recency_only
         self._order = itertools.count()
         self._seq: dict[str, int] = {}  # resident url -> its place in the store's order (ties go first)
         self._keys: dict[str, dict[Chain, Key]] = {}  # planned resident url -> chain -> its next use there
-        self._chains: dict[Chain, SortedList] = {}  # chain -> SortedList of (epoch, position, url)
+        self._chains: dict[Chain, SortedList] = {}  # chain -> SortedList of every (epoch, position, url)
+        self._owned: dict[Chain, SortedList] = {}  # chain -> SortedList of the entries of urls it owns
+        self._owner: dict[str, tuple[Chain, Entry]] = {}  # planned resident url -> its owned entry
         self._idle: SortedList = SortedList()  # (rank, seq, url) of resident urls in no plan ahead
         self._idle_rank: dict[str, int] = {}  # idle url -> the rank it is filed under
 
@@ -116,6 +129,7 @@ class NextUseIndex:
             self._keys[url] = uses
             for chain, (epoch, position) in uses.items():
                 self._chain(chain).add((epoch, position, url))
+            self._own(url, uses, self._use_time)
         else:
             self._file_idle(url)
 
@@ -124,6 +138,7 @@ class NextUseIndex:
         if url not in self._seq:
             return
         self._unfile_idle(url)
+        self._disown(url)
         for chain, (epoch, position) in self._keys.pop(url, {}).items():
             self._drop_entry(chain, (epoch, position, url))
         del self._seq[url]
@@ -153,8 +168,11 @@ class NextUseIndex:
                 self._unfile_idle(url)
                 keys = self._keys[url] = {}
             keys[chain] = key
-        elif keys is not None and not keys:
+        if keys is not None and keys:
+            self._own(url, keys, self._use_time)
+        elif keys is not None:
             del self._keys[url]
+            self._disown(url)
             self._file_idle(url)
 
     def dropped(self, chain: Chain, epoch: int) -> None:
@@ -199,8 +217,8 @@ class NextUseIndex:
         decrease along the chain's order (it is the chain's time line). `next_time(url)` is the exact
         estimate (the min over every plan holding the url), which decides.
         """
-        heads: list[tuple[float, int, str, Chain, Iterator[tuple[int, int, str]]]] = []
-        for tiebreak, (chain, order) in enumerate(self._chains.items()):
+        heads: list[tuple[float, int, str, Chain, Iterator[Entry]]] = []
+        for tiebreak, (chain, order) in enumerate(self._owned.items()):
             walk = reversed(order)
             epoch, position, url = next(walk)
             heads.append((-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
@@ -208,15 +226,16 @@ class NextUseIndex:
         best: str | None = None
         best_time = -float("inf")
         best_seq = 0
-        seen: set[str] = set()
+        stale: list[str] = []  # urls met whose owned entry is later than their exact time
         while heads:
             negative, tiebreak, url, chain, walk = heads[0]
             if -negative < best_time:
                 break  # every url not met yet is needed sooner than the best one met
-            if url not in seen and usable(url):
-                seen.add(url)
+            if usable(url):
                 when = next_time(url)
                 seq = self._seq[url]
+                if when is None or when < -negative:
+                    stale.append(url)
                 if when is not None and (when > best_time or (when == best_time and seq < best_seq)):
                     best, best_time, best_seq = url, when, seq
             following = next(walk, None)
@@ -225,6 +244,8 @@ class NextUseIndex:
             else:
                 epoch, position, url = following
                 heapq.heapreplace(heads, (-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
+        for url in stale:  # after the walk: its iterators must not see the orders change
+            self._own(url, self._keys[url], entry_time)
         return None if best is None else (best, best_time)
 
     # -- internals --------------------------------------------------------------------------------------
@@ -233,6 +254,31 @@ class NextUseIndex:
         if order is None:
             order = self._chains[chain] = SortedList()
         return order
+
+    def _own(self, url: str, keys: dict[Chain, Key], use_time: UseTime) -> None:
+        """File `url` under the chain of its earliest use by `use_time` (the first such on ties)."""
+        owner = (
+            min(keys, key=lambda chain: use_time(chain, *keys[chain])) if len(keys) > 1 else next(iter(keys))
+        )
+        entry = (*keys[owner], url)
+        known = self._owner.get(url)
+        if known is not None and known[0] is owner and known[1] == entry:
+            return
+        self._disown(url)
+        order = self._owned.get(owner)
+        if order is None:
+            order = self._owned[owner] = SortedList()
+        order.add(entry)
+        self._owner[url] = (owner, entry)
+
+    def _disown(self, url: str) -> None:
+        known = self._owner.pop(url, None)
+        if known is not None:
+            owner, entry = known
+            order = self._owned[owner]
+            order.remove(entry)
+            if not order:
+                del self._owned[owner]
 
     def _drop_entry(self, chain: Chain, entry: tuple[int, int, str]) -> None:
         order = self._chains[chain]

@@ -88,6 +88,7 @@ class Planner:
             self._recency.rank,
             lambda url: uses_by_chain(self._positions, self._plans, url),
             lambda url, chain: use_in(self._positions, self._plans, url, chain),
+            self._use_time,
             by_recency_only=policy == "lru",
         )
         self._registry = PlanRegistry(stale_after_s, clock, self._index)
@@ -337,6 +338,14 @@ class Planner:
                 if budget <= 0:
                     break
         return nearest_first(windows, skip, limit)
+
+    def _use_time(self, chain: Chain, epoch: int, position: int) -> float:
+        """`chain`'s estimated clock time now of its use (epoch, position); inf for a dropped plan's."""
+        for plan in chain.plans:  # a loop, not next(generator): this runs per url indexed
+            if plan.epoch == epoch:
+                base, interval = plan.time_line(self._clock(), self._registry.reference_interval())
+                return base + position * interval
+        return math.inf
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""

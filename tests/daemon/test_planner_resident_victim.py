@@ -150,3 +150,30 @@ def test_a_shard_the_cursor_passed_becomes_unplanned_and_goes_first() -> None:
         planner.resident(url)
     planner.record_open("b", pid)  # a jump: "a" and "b" are passed over, "c" is still ahead
     assert planner.choose_resident_victim(lambda url: True) == "a"  # never opened: least recent
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), slots=st.integers(1, 4))
+def test_from_an_epoch_start_the_ordered_index_chooses_the_victim_the_linear_scan_chooses(
+    seed: int, slots: int
+) -> None:
+    # Every shard resident and planned in this epoch and the next, every cursor at 0 (the case where each
+    # shard's uses in other slots' plans are later than its first one), then reading at diverging paces.
+    world = World(random.Random(seed), "belady")
+    rng, planner = world.rng, world.planner
+    for url in URLS:
+        world.resident[url] = None
+        planner.resident(url)
+        planner.touch(url)
+    for epoch in (0, 1):
+        deal = rng.sample(URLS, len(URLS))
+        for slot in range(slots):
+            world.plans.append(planner.add_plan("a", slot, epoch, deal[slot::slots]))
+    world.check()
+    for _ in range(100):
+        if rng.random() < 0.6:
+            world.now += rng.choice([0.0, 0.0, 0.2, 1.0, 3.0])
+            world.open()
+        else:
+            world.step()
+        world.check()

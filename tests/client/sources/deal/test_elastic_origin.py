@@ -12,8 +12,8 @@ from shardcache.errors import StateError
 from shardcache.sources.deal.partition import Layout, Partitioning
 from shardcache.sources.deal.pieces import ElasticOrigin, ShuffleProgress, needs_counts
 
-# As resume.elastic.origin_of wrote it before the origin had a type (plus the epoch order's version): slot progress as [pos, index] or a
-# shuffle's {taken, emitted}, a nested origin, the dataset's own shuffle.
+# As resume.elastic.origin_of wrote it before the origin had a type (plus the epoch order's version):
+# slot progress as [pos, index] or a shuffle's {taken, emitted}, a nested origin, the dataset's own shuffle.
 DATASET_ORIGIN: dict[str, Any] = {
     "epoch": 2,
     "layout": {"groups": 1, "ranks": 2, "workers": 2},
