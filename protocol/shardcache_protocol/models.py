@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 API_PREFIX = "/v1"
 # A shard URL is at most this long; bounded so a hostile request cannot make the daemon hash megabytes.
@@ -16,7 +16,25 @@ URL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 ShardUrl = Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH, pattern=URL_PATTERN)]
 # Pipeline part names in telemetry (`read`, `map[0]`, `collate`): short, printable, a bounded number.
 MAX_REPORT_STAGES = 64
+# The most seconds one report may carry for one figure (about 31 years): the daemon sums reports, and a
+# bound keeps every sum finite (an infinite total would not even serialise as a JSON number).
+MAX_REPORT_SECONDS = 1e9
 StageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")]
+
+
+# Pydantic describes a dict with patterned keys as `patternProperties`, which lets a key outside the pattern
+# through in the schema while validation refuses it; the schema says what validation does instead.
+StageSeconds = Annotated[
+    dict[StageName, Annotated[float, Field(ge=0, le=MAX_REPORT_SECONDS)]],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_REPORT_STAGES,
+            "propertyNames": {"minLength": 1, "maxLength": 64, "pattern": r"^[\x21-\x7e]+$"},
+            "additionalProperties": {"type": "number", "minimum": 0, "maximum": MAX_REPORT_SECONDS},
+        }
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -158,12 +176,16 @@ class TelemetryReport(_Request):
     job: str = Field(min_length=1, max_length=256)
     slot: int = Field(ge=0)
     samples: int = Field(ge=0, description="samples the trainer consumed in the interval")
-    wait_seconds: float = Field(ge=0, description="seconds the trainer waited for its next item")
+    wait_seconds: float = Field(
+        ge=0, le=MAX_REPORT_SECONDS, description="seconds the trainer waited for its next item"
+    )
     corrupt_samples: int = Field(default=0, ge=0, description="samples skipped as corrupt")
-    interval_seconds: float = Field(ge=0, description="seconds since the previous report")
+    interval_seconds: float = Field(
+        ge=0, le=MAX_REPORT_SECONDS, description="seconds since the previous report"
+    )
     # Optional and omitted when empty: an older daemon refuses unknown request fields (422), so a newer
     # client leaves it out when it has nothing to say and drops it after such a refusal.
-    stage_seconds: dict[StageName, Annotated[float, Field(ge=0)]] | None = Field(
+    stage_seconds: StageSeconds | None = Field(
         default=None,
         max_length=MAX_REPORT_STAGES,
         description="seconds the slot's workers spent in each pipeline part in the interval, by part "
