@@ -63,18 +63,29 @@ def shuffled(n: int, seed: int, epoch: int, round_index: int = 0, salt: str = ""
 
 
 def check_order_version(state: Mapping[str, Any], what: str = "resume state") -> None:
-    """Refuse a source state (or an elastic origin) taken in another version of the epoch order: its
-    position would point into a different order, and resuming it would read some units twice and skip
-    others. States without the key were written before the order was versioned (version 1).
+    """Refuse a source state taken in another version of the epoch order: its position would point into a
+    different order, and resuming it would read some units twice and skip others. States without the key
+    were written before the order was versioned (version 1).
 
     Raises:
         StateError: [ResumeOrderVersionMismatch] naming both versions and what to do.
     """
-    saved = state.get(ORDER_KEY, LEGACY_ORDER_VERSION) if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        check_order(None, None, what)
+        return
+    check_order(state.get(ORDER_KEY, LEGACY_ORDER_VERSION), state.get("epoch"), what)
+
+
+def check_order(saved: Any, epoch: Any, what: str = "resume state") -> None:
+    """Refuse a position taken in epoch order version `saved` (of `epoch`) unless it is this version's.
+
+    Raises:
+        StateError: [ResumeOrderVersionMismatch] naming both versions and what to do.
+    """
     if saved == ORDER_VERSION:
         return
     raise StateError(
-        f"{what} was taken in epoch order version {saved!r} (epoch {state.get('epoch')!r}); this shardcache "
+        f"{what} was taken in epoch order version {saved!r} (epoch {epoch!r}); this shardcache "
         f"deals epochs in order version {ORDER_VERSION} (a Feistel permutation instead of a full shuffle), "
         "so its position would point into another order. Start the epoch anew (call set_epoch(epoch) and "
         "iterate without loading this state, or load a state taken at an epoch boundary), or finish the "

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from shardcache.buffer_shuffle import buffered_inputs
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, check_order_version
+from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, check_order
 from shardcache.sources.deal.partition import Layout, Partitioning, Piece, Unit, plan_epoch
 from shardcache.sources.options import PlanHints
 
@@ -191,7 +191,7 @@ def remaining_pieces(
     layout, partitioning = origin.layout, origin.partitioning
     if layout is None or partitioning is None:
         return whole
-    check_order_version({ORDER_KEY: origin.order_version, "epoch": origin.epoch}, "elastic resume state")
+    check_order(origin.order_version, origin.epoch, "elastic resume state")
     nested = origin.origin
     universe = whole if nested is None else remaining_pieces(node, units, nested, counts)
     if not node.partitionable:
