@@ -9,7 +9,7 @@ per-sample method dispatch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias
 
 from shardcache.errors import StateError
 
@@ -23,6 +23,11 @@ else:
     T = TypeVar("T")
 
 State = dict[str, Any]
+
+# A JSON document as `json.loads` returns it: what descriptions, identities and wire payloads are when
+# no narrower type (a TypedDict) says more.
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 
 class Node(Generic[T]):
