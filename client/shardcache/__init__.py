@@ -32,6 +32,7 @@ from shardcache.log import (
 )
 from shardcache.mesh import DataLoadMesh
 from shardcache.pipeline.consume import Consumer
+from shardcache.pipeline.stage_times import StageStats, StageTimes
 from shardcache.resume.elastic import merge_states
 from shardcache.snapshots.config import CacheConfig
 from shardcache.snapshots.entries import CacheEntryInfo, clear_cache, list_cache_entries
@@ -56,6 +57,8 @@ __all__ = [
     "RuntimeContext",
     "ShardError",
     "ShardcacheError",
+    "StageStats",
+    "StageTimes",
     "StateError",
     "Telemetry",
     "TorchLoader",

@@ -73,6 +73,25 @@ def test_a_torch_loaders_workers_stage_times_reach_the_daemon(daemon: Daemon, lo
     assert summary.jobs[0].stage_seconds == pytest.approx(seconds)
 
 
+def test_a_torch_loaders_loader_side_stage_times_reach_the_daemon_under_their_own_names(  # type: ignore[no-untyped-def]
+    daemon: Daemon, local_shards
+) -> None:
+    pytest.importorskip("torch")
+    ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="stages-loader")
+    loader = TorchLoader(ds.map(slow), num_workers=2, batch_size=4, collate_fn=list).unbatch().batch(8)
+    it = iter(loader)
+    assert sum(len(batch) for batch in it) == 4 * 8
+    it.close()
+    expected = {"read", "map", "collate", "loader.unbatch", "loader.batch"}
+    deadline = time.monotonic() + 20
+    while set(stage_seconds(daemon, "stages-loader")) != expected:
+        assert time.monotonic() < deadline, stage_seconds(daemon, "stages-loader")
+        time.sleep(0.05)  # the last report leaves from the background thread
+    stats = loader.stats()
+    expected_seconds = {**stats.seconds, **stats.loader.as_dict()}
+    assert stage_seconds(daemon, "stages-loader") == pytest.approx(expected_seconds)
+
+
 def test_a_dataset_iterated_in_the_trainer_reports_its_stage_times(daemon: Daemon, local_shards) -> None:  # type: ignore[no-untyped-def]
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="stages-ds")
     it = iter(ds.map(slow).batch(4))

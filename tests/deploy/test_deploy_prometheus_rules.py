@@ -79,6 +79,7 @@ def test_every_alert_has_severity_summary_and_troubleshooting_link() -> None:
         "ShardcacheCacheDiskFull",
         "ShardcacheCachePinned",
         "ShardcacheCacheDirLost",
+        "ShardcacheTrainerStarvedByStage",
         "ShardcacheDown",
     }
     for rule in alerts:

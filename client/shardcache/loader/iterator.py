@@ -16,7 +16,7 @@ from shardcache.loader.stream import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
 from shardcache.node import Node
 from shardcache.pipeline.iteration import close_all, close_telemetry
-from shardcache.pipeline.stage_times import StageStats, StageTimes
+from shardcache.pipeline.stage_times import StageClock, StageStats, StageTimes
 from shardcache.resume.state import live_of, wrap
 
 
@@ -30,11 +30,13 @@ class LoaderIterator:
         telemetry: Telemetry | None = None,
         watchdog: StallWatchdog | None = None,
         runtime: dict[str, Any] | None = None,
+        clock: StageClock | None = None,
     ) -> None:
         self.node = node
         self.header = header
         self.telemetry = telemetry
         self.runtime = runtime
+        self.clock = clock  # the loader-side stages' times (None: none, or stage times are off)
         self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
         self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
         self.epoch = int(header.get("epoch", 0))
@@ -92,7 +94,8 @@ class LoaderIterator:
         times = StageTimes() if merge is None else merge.stage_times()
         workers = 0 if merge is None else len(merge.worker_times)
         elapsed = time.perf_counter() - self.began
-        return StageStats(times, waited_s=self.waited_s, elapsed_s=elapsed, workers=workers)
+        loader = StageTimes() if self.clock is None else self.clock.times()
+        return StageStats(times, waited_s=self.waited_s, elapsed_s=elapsed, workers=workers, loader=loader)
 
     @property
     def skipped_shards(self) -> int:

@@ -29,7 +29,14 @@ from shardcache.loader.stream import (
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
 from shardcache.node import Node
-from shardcache.pipeline.stage_times import StageStats
+from shardcache.pipeline.stage_times import (
+    LOADER_PREFIX,
+    StageClock,
+    StageStats,
+    part_seconds,
+    stage_times_enabled,
+    timed_stages,
+)
 from shardcache.resume.job import job_state
 from shardcache.resume.state import LiveState
 from shardcache.sources.deal.schedule import source_job
@@ -275,8 +282,9 @@ class TorchLoader:
 
     # -- iteration ------------------------------------------------------------------------------------------
 
-    def _telemetry(self, node: Node, ctx: RuntimeContext) -> Telemetry | None:
-        """Wait time, samples and the workers' skipped shards for this rank, reported in the background."""
+    def _telemetry(self, node: Node, ctx: RuntimeContext, clock: StageClock | None) -> Telemetry | None:
+        """Wait time, samples, stage times (the workers' and the loader-side `clock`'s) and the workers'
+        skipped shards for this rank, reported in the background."""
         spec = self.dataset.source
         job = source_job(spec.hints.job, spec.shards, ctx.seed)
         merge = merge_of(node)  # not the iterator: the count must not keep it alive (see LoaderIterator)
@@ -290,7 +298,7 @@ class TorchLoader:
             ctx.slot,
             lambda: 0 if merge is None else merge.skipped_shards,
             batched,
-            stages=None if merge is None else lambda: merge.stage_times().as_dict(),
+            stages=None if merge is None else lambda: part_seconds(merge.stage_times(), clock),
         )
 
     def _workers_home(self) -> WorkerHome | None:
@@ -330,9 +338,15 @@ class TorchLoader:
         # garbage collection.
         launcher = WorkerLauncher(stream, self.num_workers, self._dataloader_kwargs(), home)
         merge = MergeNode(launcher, self.num_workers)
+        # Loader-side stages run in this process, inside the trainer's wait: timed apart from the workers'.
+        clock = StageClock() if self.stages and stage_times_enabled() else None
         node: Node = merge
-        for stage in self.stages:
-            node = stage.node(node, ctx)
+        if clock is None:
+            for stage in self.stages:
+                node = stage.node(node, ctx)
+        else:
+            node = clock.timed(merge, "workers", shown=False)
+            node = timed_stages(node, self.stages, ctx, clock, prefix=LOADER_PREFIX)
         if pending is not None:
             node.load_state_dict(pending["pipeline"])
         start: dict[str, Any] = next(iter(worker_states.values()), {})
@@ -340,9 +354,10 @@ class TorchLoader:
         iterator = LoaderIterator(
             node,
             header(shape, ctx, origin),
-            self._telemetry(node, ctx),
+            self._telemetry(node, ctx, clock),
             self._watchdog(merge, run_dir),
             ctx.identity(),
+            clock,
         )
         iterator.keep_positions(self._keep_positions)
         # The pass counts once it yields: the next iter() reads the next epoch.

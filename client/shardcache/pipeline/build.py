@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from shardcache.context import RuntimeContext
 from shardcache.node import Node
-from shardcache.pipeline.stage_times import READ, StageClock, stage_names, stage_title
+from shardcache.pipeline.stage_times import READ, StageClock, timed_stages
 from shardcache.snapshots.boundary import cut_at_cache
 from shardcache.spec import ComposedSource, PipelineSpec
 
@@ -29,7 +29,4 @@ def build(spec: PipelineSpec, ctx: RuntimeContext, clock: StageClock | None = No
         for stage in spec.stages:
             node = stage.node(node, ctx)
         return node
-    node = clock.timed(node, READ)
-    for stage, name in zip(spec.stages, stage_names(spec.stages), strict=True):
-        node = clock.timed(stage.node(node, ctx), name, stage_title(name, stage))
-    return node
+    return timed_stages(clock.timed(node, READ), spec.stages, ctx, clock)

@@ -15,6 +15,11 @@ that occurs once is named by its kind alone. The names are the label values of t
 `shardcache_client_stage_seconds_total` and of `stats()`; a stage that runs a user's function also carries
 that function's name for people (`map[0] decode`), never as a label.
 
+A TorchLoader's loader-side stages (`.unbatch()`, `.shuffle()`, `.batch()` after the workers' merge) run in
+the trainer's own process, inside the wait the trainer measures; they are timed by a second clock of the
+same kind, above a hidden part for the merge (waiting for the workers), and named with the `loader.` prefix
+(`loader.shuffle`): their seconds are the trainer's, not the workers', so `StageStats` keeps them apart.
+
 `SHARDCACHE_STAGE_TIMES=0` turns the accounting off (read when a pass starts, in every worker: they inherit
 the trainer's environment); `bench/bench_stage_time.py` measures what it costs with and without.
 """
@@ -28,12 +33,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.context import RuntimeContext
 from shardcache.node import Node, State
 from shardcache.stages import Stage
 
 STAGE_TIMES_ENV = "SHARDCACHE_STAGE_TIMES"
 READ = "read"
 COLLATE = "collate"
+LOADER_PREFIX = "loader."  # loader-side stages, in the trainer's process
 _OFF = ("0", "false", "no", "off")
 
 
@@ -104,17 +111,22 @@ class StageClock:
         # Nanoseconds per part: inclusive for chained parts, own time for flat ones (`_chained`).
         self.totals: list[int] = []
         self._chained: list[bool] = []
+        self._shown: list[bool] = []
 
-    def _part(self, name: str, title: str, chained: bool) -> int:
+    def _part(self, name: str, title: str, chained: bool, shown: bool = True) -> int:
         self.names.append(name)
         self.titles.append(title)
         self.totals.append(0)
         self._chained.append(chained)
+        self._shown.append(shown)
         return len(self.totals) - 1
 
-    def timed(self, node: Node, name: str, title: str | None = None) -> Node:
-        """`node` behind a `TimedNode` counting into the part `name` (chained: the next stage pulls it)."""
-        return TimedNode(node, self.totals, self._part(name, title or name, chained=True))
+    def timed(self, node: Node, name: str, title: str | None = None, shown: bool = True) -> Node:
+        """`node` behind a `TimedNode` counting into the part `name` (chained: the next stage pulls it).
+
+        `shown=False`: a part only the next one's exclusive time is taken from, left out of `times()`
+        (the merge under loader-side stages: that time is the trainer's wait for its workers)."""
+        return TimedNode(node, self.totals, self._part(name, title or name, chained=True, shown=shown))
 
     def flat(self, name: str) -> int:
         """A part timed by its caller outside the chain (collation): add ns to `totals[index]`."""
@@ -122,15 +134,35 @@ class StageClock:
 
     def times(self) -> StageTimes:
         """Exclusive seconds per part so far (a chained part less the inclusive time of the one below)."""
+        names: list[str] = []
         seconds: list[float] = []
+        titles: list[str] = []
         below = 0
-        for total, chained in zip(list(self.totals), self._chained, strict=True):
+        parts = zip(self.names, list(self.totals), self._chained, self._shown, self.titles, strict=True)
+        for name, total, chained, shown, title in parts:
             own = total - below if chained else total
             if chained:
                 below = total
-            # A stage that pulls from upstream outside its own next() (a thread) could go below zero.
-            seconds.append(max(own, 0) / 1e9)
-        return StageTimes(tuple(self.names), tuple(seconds), tuple(self.titles))
+            if shown:
+                names.append(name)
+                titles.append(title)
+                # A stage that pulls from upstream outside its own next() (a thread) could go below zero.
+                seconds.append(max(own, 0) / 1e9)
+        return StageTimes(tuple(names), tuple(seconds), tuple(titles))
+
+
+def part_seconds(workers: StageTimes, loader: StageClock | None) -> dict[str, float]:
+    """Seconds by metric label: the workers' parts, then the loader-side ones of `loader`."""
+    return workers.as_dict() if loader is None else {**workers.as_dict(), **loader.times().as_dict()}
+
+
+def timed_stages(
+    node: Node, stages: Sequence[Stage], ctx: RuntimeContext, clock: StageClock, prefix: str = ""
+) -> Node:
+    """`stages` built on `node`, each behind a timed part named by its kind and position (with `prefix`)."""
+    for stage, name in zip(stages, stage_names(stages), strict=True):
+        node = clock.timed(stage.node(node, ctx), prefix + name, prefix + stage_title(name, stage))
+    return node
 
 
 class TimedNode(Node):
@@ -173,21 +205,27 @@ class StageStats:
         waited_s: Seconds the trainer waited for its next item (in its own process: the pipeline's time).
         elapsed_s: Seconds since the iteration began, in the trainer.
         workers: DataLoader workers whose times are summed (0: the pipeline ran in the trainer's process).
+        loader: Seconds of a TorchLoader's loader-side stages (`loader.shuffle`, ...), spent in the trainer's
+            own process and part of `waited_s`; kept apart from `times`, whose seconds are the workers'.
 
     Example:
         >>> stats = StageStats(StageTimes(("read", "map"), (1.0, 3.0), ("read", "map decode")), 2.0, 4.0)
         >>> str(stats)
         'read 25%, map decode 75%; trainer waited 50%'
+        >>> loader = StageTimes(("loader.shuffle",), (0.4,), ("loader.shuffle",))
+        >>> str(StageStats(stats.times, 2.0, 4.0, loader=loader))
+        'read 25%, map decode 75%; trainer waited 50% (loader.shuffle 10%)'
     """
 
     times: StageTimes = StageTimes()
     waited_s: float = 0.0
     elapsed_s: float = 0.0
     workers: int = 0
+    loader: StageTimes = StageTimes()
 
     @property
     def busy_s(self) -> float:
-        """Seconds the pipeline spent producing items: the sum of its parts."""
+        """Seconds the pipeline's workers spent producing items: the sum of their parts."""
         return sum(self.times.seconds)
 
     @property
@@ -206,12 +244,24 @@ class StageStats:
         """The share of the trainer's time it spent waiting for data (0 before the iteration began)."""
         return min(1.0, self.waited_s / self.elapsed_s) if self.elapsed_s > 0 else 0.0
 
+    @property
+    def loader_fractions(self) -> dict[str, float]:
+        """Each loader-side stage's share of the trainer's time (inside `waited_fraction`)."""
+        elapsed = self.elapsed_s
+        if elapsed <= 0:
+            return {}
+        return {name: min(1.0, s / elapsed) for name, s in self.loader.as_dict().items()}
+
     def __str__(self) -> str:
         busy = self.busy_s
         parts = ", ".join(
             f"{title} {s / busy:.0%}" for title, s in zip(self.times.titles, self.times.seconds, strict=True)
         )
         waited = f"trainer waited {self.waited_fraction:.0%}"
+        shares = self.loader_fractions
+        if shares:
+            titles = dict(zip(self.loader.names, self.loader.titles, strict=True))
+            waited += " (" + ", ".join(f"{titles[name]} {share:.0%}" for name, share in shares.items()) + ")"
         return f"{parts}; {waited}" if busy > 0 else f"no stage times; {waited}"
 
 

@@ -138,3 +138,56 @@ def test_turning_stage_times_off_reaches_the_workers(local_shards, monkeypatch) 
     loader.close()
     assert stats.seconds == {}
     assert stats.elapsed_s > 0  # the trainer's wait is still measured
+
+
+def test_a_torch_loaders_loader_side_stages_are_timed_apart_from_its_workers(local_shards) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    ds = Dataset.from_source("tars", local_shards.local_paths, daemon=None).map(fast)
+    loader = TorchLoader(ds, num_workers=2, batch_size=4, collate_fn=list).unbatch().map(slow).batch(8)
+    assert sum(len(batch) for batch in loader) == SAMPLES
+    stats = loader.stats()
+    loader.close()
+    assert list(stats.seconds) == ["read", "map", "collate"]  # the workers' parts alone
+    assert list(stats.loader.names) == ["loader.unbatch", "loader.map", "loader.batch"]
+    assert max(stats.loader.as_dict().items(), key=lambda part: part[1])[0] == "loader.map"
+    # The loader-side stages ran inside the trainer's wait: their share of its time is within it.
+    assert sum(stats.loader_fractions.values()) <= stats.waited_fraction + 1e-9
+    assert "(loader.unbatch " in str(stats) and "loader.map slow " in str(stats)
+
+
+def test_timing_loader_side_stages_does_not_change_the_loaders_states(local_shards, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+
+    def state_after(count: int) -> dict[str, Any]:
+        ds = Dataset.from_source("tars", local_shards.local_paths, daemon=None).map(fast)
+        loader = TorchLoader(ds, num_workers=2, batch_size=4, collate_fn=list).unbatch().shuffle(8).batch(4)
+        it = iter(loader)
+        for _ in range(count):
+            next(it)
+        state = loader.state_dict()
+        loader.close()
+        return state
+
+    timed = state_after(3)
+    monkeypatch.setenv(STAGE_TIMES_ENV, "0")
+    assert state_after(3) == timed
+
+
+def test_a_torch_loader_with_loader_side_stages_resumes_exactly(local_shards) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+
+    def loader() -> TorchLoader:
+        ds = Dataset.from_source("tars", local_shards.local_paths, daemon=None).map(fast)
+        return TorchLoader(ds, num_workers=2, batch_size=4, collate_fn=list).unbatch().shuffle(8).batch(4)
+
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    rest = list(it)
+    first.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+    resumed.close()
+    assert len(head) + len(rest) == SAMPLES // 4
