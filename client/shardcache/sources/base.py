@@ -45,7 +45,6 @@ from shardcache.sources.deal.partition import (
     Unit,
     plan_epoch,
     resolve,
-    slot_share,
     weights_of,
 )
 from shardcache.sources.deal.pieces import ElasticOrigin, needs_counts, remaining_pieces
@@ -54,6 +53,7 @@ from shardcache.sources.deal.schedule import (
     slot_order,
     source_job,
 )
+from shardcache.sources.deal.share import slot_share
 from shardcache.sources.deal.subset import select_units
 from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
@@ -158,8 +158,9 @@ class SourceNode(Node):
         """What this slot reads in `round_index` of the current epoch, in reading order."""
         if not self.partitioned:
             return [Piece(u) for u in self.order(units, round_index)]
-        if self.origin is None and not self.spec.hints.node_owners:
-            # Whole units, no even=/exchange=: this slot's share alone, O(n / slots) (`slot_share`).
+        if self.origin is None:
+            # Whole units: this slot's share alone (`slot_share`: O(n / slots) without even=/exchange=,
+            # array passes with them); an elastic replay's pieces need the whole deal.
             share = slot_share(
                 len(units),
                 lambda: self.weights(units),
@@ -170,6 +171,8 @@ class SourceNode(Node):
                 round_index,
                 self.ctx.slot,
                 shuffle=self.spec.shuffles_units,
+                counts=lambda: unit_counts(self, units),
+                fixed_owner=self.fixed_owner(units),
             )
             if share is not None:
                 return share

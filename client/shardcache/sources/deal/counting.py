@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shardcache.context import RuntimeContext, in_main_process, torch_distributed
-from shardcache.sources.deal.partition import PLACEMENT_SEED, Partitioning, Unit, owners
+from shardcache.memo import IdentityMemo
+from shardcache.shards import ShardRef
+from shardcache.sources.deal.partition import PLACEMENT_SEED, Partitioning, ShardUnits, Unit, owners
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +100,27 @@ def unit_key(unit: Unit) -> str:
 
 
 def unit_counts(node: Countable, units: Sequence[Unit]) -> list[int]:
-    """Every unit's sample count: from metadata, from earlier counting, else by counting now."""
+    """Every unit's sample count: from metadata, from earlier counting, else by counting now. Whole shards
+    whose metadata gives every count are read once per process and shard list (no unit objects made)."""
+    if isinstance(units, ShardUnits):
+        shards = units.shards
+        known = _KNOWN.get(shards, "counts", lambda: _known_counts(shards))
+        if known is not None:
+            return known
     counts = node.facts.counts
     missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
     if missing:
         _count(node, units, missing)
     return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
+
+
+_KNOWN: IdentityMemo[list[int] | None] = IdentityMemo()
+
+
+def _known_counts(shards: Sequence[ShardRef]) -> list[int] | None:
+    """Every shard's sample count from its metadata, or None when one is unknown (then counted)."""
+    counts = [ref.num_samples for ref in shards]
+    return None if any(c is None for c in counts) else [c for c in counts if c is not None]
 
 
 def _count(node: Countable, units: Sequence[Unit], missing: list[int]) -> None:

@@ -29,16 +29,16 @@ A `Piece` is a unit's sample range; a resumed epoch on another topology (`shardc
 planned from the remaining pieces instead of whole units, with the same two steps.
 
 Orders come from `sources.deal.order` (a keyed bijection evaluated position by position). A reader of whole
-units without `even=` or `exchange=` plans its own slot only (`slot_share`: O(n / slots) per epoch, after
-the node shares, O(n log groups), once per process); `plan_epoch` plans every slot, O(n), where the cut at
-sample granularity, the exchange or an elastic replay needs the whole deal.
+units plans its own slot only (`sources.deal.share.slot_share`, the same pieces as `plan_epoch`'s row for
+that slot); `plan_epoch` plans every slot, which an elastic replay (pieces that are not whole units) needs,
+and which defines the deal.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -46,9 +46,8 @@ import numpy as np
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError
-from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
-from shardcache.sources.deal.order import order_at, order_key, permutation
+from shardcache.sources.deal.order import order_key, permutation
 
 PLACEMENTS = ("global", "node")
 EVEN_MODES = ("drop", "pad")
@@ -243,63 +242,23 @@ def owners(weights: tuple[float, ...], groups: int, seed: int) -> list[int]:
 
 
 def exchanged(owner: list[int], fraction: float, groups: int, seed: int, epoch: int) -> list[int]:
-    """`owner` with a random `fraction` of the units moved to another group for this epoch (drawn per
-    epoch, vectorised: O(n) per epoch, the one per-epoch pass over every unit that `exchange=` costs)."""
+    """`owner` with a random `fraction` of the units moved to another group this epoch (`exchanged_owner`)."""
+    if not fraction or groups < 2:
+        return owner
+    moved = exchanged_owner(np.asarray(owner, dtype=np.int64), fraction, groups, seed, epoch)
+    return moved.tolist()  # type: ignore[no-any-return]
+
+
+def exchanged_owner(owner: np.ndarray, fraction: float, groups: int, seed: int, epoch: int) -> np.ndarray:
+    """`owner` (an int64 array) with a random `fraction` of the units moved to another group for this epoch
+    (drawn per epoch, vectorised: O(n) per epoch, the one per-epoch pass over every unit that `exchange=`
+    costs)."""
     if not fraction or groups < 2:
         return owner
     rng = np.random.default_rng(order_key(seed, epoch, 0, ":exchange"))
-    current = np.asarray(owner, dtype=np.int64)
-    moves = rng.random(len(current)) < fraction
-    shift = 1 + rng.integers(0, groups - 1, size=len(current))
-    return np.where(moves, (current + shift) % groups, current).tolist()  # type: ignore[no-any-return]
-
-
-_MEMBERS: IdentityMemo[tuple[np.ndarray, ...]] = IdentityMemo()
-
-
-def group_members(weights: tuple[float, ...], groups: int) -> tuple[np.ndarray, ...]:
-    """`node_members` as int64 arrays, memoised per process by the identity of `weights`: looking a tuple
-    of 10^6 weights up in `node_members`' cache hashes all of it, every epoch."""
-    return _MEMBERS.get(
-        weights,
-        groups,
-        lambda: tuple(np.asarray(m, dtype=np.int64) for m in node_members(weights, groups, PLACEMENT_SEED)),
-    )
-
-
-def slot_share(
-    n: int,
-    weights: Callable[[], tuple[float, ...]],
-    layout: Layout,
-    partitioning: Partitioning,
-    seed: int,
-    epoch: int,
-    round_index: int,
-    slot: int,
-    shuffle: bool = True,
-) -> list[Piece] | None:
-    """Slot `slot`'s pieces of a deal of n whole units, `plan_epoch(...)[slot]` computed for this slot
-    alone: its stride of positions of its group's order, mapped one by one (`order_at`). O(n / slots) per
-    epoch; with several node groups the groups' members come first, O(n log groups) once per process
-    (`group_members`). None where this does not apply (`even=`, `exchange=`: `plan_epoch` plans those).
-
-    `weights()` gives the units' placement weights; called only with several node groups.
-    """
-    if partitioning.even is not None or partitioning.exchange:
-        return None
-    groups = layout.groups if partitioning.placement == "node" else 1
-    per_group = layout.total_slots // groups
-    g, j = divmod(slot, per_group)
-    members: np.ndarray | None = None
-    size, salt = n, ""
-    if groups > 1:
-        members = group_members(weights(), groups)[g]
-        size, salt = len(members), f":g{g}"
-    positions = np.arange((j - round_index * size) % per_group, size, per_group, dtype=np.int64)
-    if shuffle:
-        positions = order_at(positions, size, seed, epoch, round_index, salt)
-    units = positions if members is None else members[positions]
-    return [Piece(u) for u in units.tolist()]
+    moves = rng.random(len(owner)) < fraction
+    shift = 1 + rng.integers(0, groups - 1, size=len(owner))
+    return np.where(moves, (owner + shift) % groups, owner)
 
 
 def cut(pieces: Sequence[Piece], lengths: Sequence[int]) -> list[list[Piece]]:
