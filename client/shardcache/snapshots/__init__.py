@@ -28,7 +28,6 @@ from shardcache.spec import NodeBuilder, PipelineSpec
 if TYPE_CHECKING:
     from shardcache.snapshots.build import CacheOptions
     from shardcache.snapshots.cli import Subparsers
-    from shardcache.sources.lance.rows import Row
 
 
 @contextlib.contextmanager
@@ -61,7 +60,7 @@ def materialise(
         return build.materialise(pre, context, options, build_nodes)
 
 
-def read_rows(uri: str) -> Iterator[Row]:
+def read_rows(uri: str) -> Iterator[dict[str, Any]]:
     """Every sample of a cache dataset, decoded, in order (see `shardcache.snapshots.writer.read_rows`)."""
     with _needs_lance_extra():
         from shardcache.snapshots import writer
