@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ArgumentTypeError, ConfigError
 from shardcache.node import Node, State
 from shardcache.snapshots.parallel import parallel_map
-from shardcache.sources.lance.rows import Row
 from shardcache.spec import NodeBuilder, PipelineSpec
 from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
+
+if TYPE_CHECKING:
+    from shardcache.sources.lance.rows import Row
 
 
 class _StreamNode(Node):

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from shardcache.sources.lance.rows import Row
-
 SCHEMA_TAG = b"shardcache.codec"
 CODEC_VERSION = b"1"
 _NAME = b"shardcache.name"
@@ -202,7 +200,7 @@ class RowEncoder:
 _ABSENT = object()
 
 
-def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[Row]:
+def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[dict[str, object]]:
     """Sample dicts of a batch read from a cache dataset (or plain rows of any other Arrow batch).
 
     Works on any projection of the columns, since each column carries its own layout.
@@ -224,13 +222,13 @@ def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[Row]:
         return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
     # A null is an absent field; a stored None is tagged bytes, so it is not confused with one.
     raw_nulls = [batch.column(i).is_null().to_pylist() for i in range(len(names))]
-    rows: list[Row] = []
+    rows: list[dict[str, object]] = []
     for index in range(batch.num_rows):
         rows.append({name: columns[c][index] for c, name in enumerate(names) if not raw_nulls[c][index]})
     return rows
 
 
-def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterable[Row]:
+def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterable[dict[str, object]]:
     """Sample dicts of a stream of batches, in order."""
     for batch in batches:
         yield from decode_batch(batch)
