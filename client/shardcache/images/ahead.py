@@ -17,7 +17,7 @@ waits until the batch in hand is decoded, so no child starts with a decoder's lo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -53,7 +53,7 @@ def decode_ahead(
     positive_int("depth", depth, " (batches decoded ahead of the step)")
     where = resolve_device(device)
     decode = _gpu_decoder(where, backend) if where != "cpu" else _cpu_decoder(backend)
-    pending: deque[tuple[dict[str, Any], Future[Decoded]]] = deque()
+    pending: deque[tuple[Mapping[str, object], Future[Decoded]]] = deque()
     with ThreadPoolExecutor(1, thread_name_prefix="shardcache-decode") as pool:
         try:
             for batch in batches:
@@ -97,11 +97,11 @@ def _gpu_decoder(device: str, backend: str) -> Decode:
 
 
 def _ready(
-    batch: dict[str, Any],
+    batch: Mapping[str, object],
     future: Future[Decoded],
     field: str,
     device: str,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     tensor, event = future.result()
     if event is not None:  # the GPU path: the step's stream waits for the decode's, not the host
         import torch
