@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 from shardcache.errors import ConfigError
@@ -57,7 +58,7 @@ def torch_worker_id() -> int | None:
     return None if info is None else info[0]
 
 
-def torch_distributed() -> Any:
+def torch_distributed() -> ModuleType | None:
     """`torch.distributed` when it is imported and initialised in this process, else None."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():

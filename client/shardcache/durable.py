@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(directory))
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, payload: Mapping[str, object]) -> None:
     """Write `payload` as JSON to `path` via a temporary file, fsync and rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     with open(tmp, "w", encoding="utf-8") as f:

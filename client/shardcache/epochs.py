@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ctypes
 
 # Worker ids beyond this share the last cell: they still agree with each other, just not with the rest.
 MAX_WORKERS = 255
@@ -39,7 +42,7 @@ class EpochClock:
     __slots__ = ("_cells",)
 
     def __init__(self, epoch: int | None = None, pinned: bool = False) -> None:
-        self._cells: Any = multiprocessing.RawArray("q", _WORKERS + MAX_WORKERS + 1)
+        self._cells: ctypes.Array[ctypes.c_int64] = multiprocessing.RawArray("q", _WORKERS + MAX_WORKERS + 1)
         self._write(epoch, pinned)
 
     @property

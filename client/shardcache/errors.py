@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from collections.abc import Callable
 
 
 class ShardcacheError(Exception):
@@ -46,7 +46,7 @@ class ShardcacheError(Exception):
             self.code = code
         super().__init__(*args)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         # torch's DataLoader re-raises a worker's exception as `type(exc)(message)` and falls back to a
         # RuntimeError when that call fails: every error whose constructor needs more than a message would
         # reach the trainer untyped (`except CorruptShardError` would miss it). Accept the message alone;
@@ -63,7 +63,7 @@ class ShardcacheError(Exception):
         ]
 
         @functools.wraps(init)
-        def __init__(self: ShardcacheError, *args: Any, **kw: Any) -> None:
+        def __init__(self: ShardcacheError, *args: object, **kw: object) -> None:
             try:
                 init(self, *args, **kw)
             except TypeError:
@@ -76,12 +76,14 @@ class ShardcacheError(Exception):
         __init__._accepts_message = True  # type: ignore[attr-defined]
         cls.__init__ = __init__  # type: ignore[method-assign]
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[Callable[..., ShardcacheError], tuple[object, ...]]:
         # Keeps `code` across pickling (DataLoader workers, multiprocessing), which passes only `args`.
         return _rebuild, (type(self), self.args, self.__dict__)
 
 
-def _rebuild(cls: type[ShardcacheError], args: tuple[object, ...], state: dict[str, Any]) -> ShardcacheError:
+def _rebuild(
+    cls: type[ShardcacheError], args: tuple[object, ...], state: dict[str, object]
+) -> ShardcacheError:
     error = cls.__new__(cls)
     Exception.__init__(error, *args)
     error.__dict__.update(state)
@@ -92,7 +94,7 @@ class ConfigError(ShardcacheError, ValueError):
     """A bad argument; the message names the argument and what is accepted."""
 
 
-def positive_int(name: str, value: Any, why: str = "") -> int:
+def positive_int(name: str, value: object, why: str = "") -> int:
     """`value` if it is an int >= 1, else ConfigError naming `name` (`why`: what the argument is for).
 
     A bool is an int subclass, but True as a size is a mistake, not 1: it is refused too.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -21,6 +19,6 @@ def human_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
-def callable_name(fn: Any) -> str:
+def callable_name(fn: object) -> str:
     """`module.qualname` of a callable: how fingerprints and resume checks name maps, factories, collates."""
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

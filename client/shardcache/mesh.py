@@ -91,7 +91,7 @@ class DataLoadMesh:
         return all(local == 0 for _, local in self._sizes_and_ranks(others))
 
 
-def _is_torch_device_mesh(device_mesh: Any) -> bool:
+def _is_torch_device_mesh(device_mesh: object) -> bool:
     # A real DeviceMesh means its module is imported already: never import torch here for the check.
     module = sys.modules.get("torch.distributed.device_mesh")
     return module is not None and isinstance(device_mesh, module.DeviceMesh)

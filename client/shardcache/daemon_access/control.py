@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import ssl
 import threading
-from typing import Any
 
 import certifi  # noqa: F401  (imported by httpx's create_ssl_context on every transport: see above)
 import httpcore  # noqa: F401  (imported lazily by httpx.HTTPTransport: see above)
@@ -81,7 +80,7 @@ class ControlClient:
         self,
         method: str,
         path: str,
-        body: Any = None,
+        body: object = None,
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> Response:

@@ -36,6 +36,7 @@ from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discove
 from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
+from shardcache.node import JSONObject, JSONValue
 from shardcache_protocol import (
     API_PREFIX,
     Health,
@@ -207,7 +208,7 @@ class DaemonClient(DaemonAvailability):
         """Ask the daemon for the shard; its grant (`path`, `lease`, ...), or None to read directly."""
         if self._disk_full.skip_daemon() or self._pinned.skip_daemon():
             return None  # the cache filesystem was full, or pinned, moments ago
-        body: dict[str, Any] = {"url": url}
+        body: dict[str, object] = {"url": url}
         if plan is not None:
             body["plan"] = plan
         if size is not None:
@@ -329,7 +330,7 @@ class DaemonClient(DaemonAvailability):
 
     # -- control plane --------------------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, url: str | None = None) -> Any:
+    def _call(self, method: str, path: str, body: object = None, url: str | None = None) -> JSONValue:
         answer = self._control.request(method, path, body, headers=self._held_releases())
         self._came_up()
         return answer.raise_for_status(url).json()
@@ -376,10 +377,10 @@ class DaemonClient(DaemonAvailability):
         except (DaemonUnavailable, RemoteNotFound) as exc:
             logger.debug("plan %s not deleted: %s", plan_id, exc)
 
-    def plans(self) -> list[dict[str, Any]]:
+    def plans(self) -> list[JSONObject]:
         """The live plans (`GET /v1/plans`): id, job, slot, epoch, cursor, len, pace; for debugging."""
         answer = self._call("GET", f"{_V1}/plans")
-        return list(answer) if isinstance(answer, list) else []
+        return [plan for plan in answer if isinstance(plan, dict)] if isinstance(answer, list) else []
 
     def stats(self) -> Stats:
         """The daemon's counters (`GET /v1/stats`). Raises `DaemonUnavailable` when none answers."""

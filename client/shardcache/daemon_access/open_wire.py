@@ -7,11 +7,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pydantic
 
-from shardcache.daemon_access.transport import Response, Transport
+from shardcache.daemon_access.transport import Response, Transport, _Connection
 from shardcache.errors import DaemonError
 from shardcache_protocol import OpenGrant
 
@@ -26,7 +24,7 @@ class CountingTransport(Transport):
 
     connects = 0
 
-    def _connection(self) -> Any:
+    def _connection(self) -> _Connection:
         before = getattr(self._local, "conn", None)
         conn = super()._connection()
         if conn is not before:

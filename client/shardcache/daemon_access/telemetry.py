@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from shardcache import forksafe
 from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.discovery import discover
+from shardcache.daemon_access.item_counts import count_items, one_per_item
 from shardcache.errors import DaemonUnavailable
 from shardcache.jobs import JOB_ENV, script_name
 from shardcache_protocol import API_PREFIX, MAX_REPORT_STAGES, TelemetryReport
@@ -59,54 +60,6 @@ def _flush_all_before_exit() -> None:
     deadline = time.monotonic() + EXIT_FLUSH_S
     for telemetry in list(_live):
         telemetry.flush_before_exit(deadline)
-
-
-def count_items(item: Any) -> int:
-    """Samples in one batch: its length, or its leading dimension for arrays and columns.
-
-    A batch is a list of samples (its length), a tuple of columns such as `(images, labels)` (the leading
-    dimension of the first), an array or tensor (its leading dimension), a table (`num_rows`), or a dict of
-    columns (the first column that has a length, looking into nested dicts: `{"meta": {"id": tensor},
-    ...}`). Anything else counts as one. Apply it to batches only: a single sample holding an image array
-    would count as the image's height.
-    """
-    if isinstance(item, Mapping):
-        count = _column_length(item)
-        return 1 if count is None else count
-    rows = getattr(item, "num_rows", None)
-    if isinstance(rows, int):
-        return rows
-    if isinstance(item, (list, tuple)):
-        if not item:
-            return 0
-        leading = _leading_dimension(item[0]) if isinstance(item, tuple) else None
-        return len(item) if leading is None else leading
-    leading = _leading_dimension(item)
-    return 1 if leading is None else leading
-
-
-def _leading_dimension(value: Any) -> int | None:
-    shape = getattr(value, "shape", None)
-    return int(shape[0]) if shape else None
-
-
-def _column_length(columns: Mapping[Any, Any]) -> int | None:
-    """The length of the first column of a dict batch that has one (nested dicts searched in order)."""
-    for value in columns.values():
-        if isinstance(value, Mapping):
-            count = _column_length(value)
-        elif isinstance(value, (list, tuple)):
-            count = len(value)
-        else:
-            count = _leading_dimension(value)
-        if count is not None:
-            return count
-    return None
-
-
-def one_per_item(item: Any) -> int:
-    """Each item is one sample (iterators that do not batch)."""
-    return 1
 
 
 class Telemetry:
@@ -133,7 +86,7 @@ class Telemetry:
         *,
         socket: str | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
-        count: Callable[[Any], int] = count_items,
+        count: Callable[[Any], int] = count_items,  # the user's: Any, so it may take any batch type
         skipped: Callable[[], int] | None = None,
         stages: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
@@ -181,7 +134,7 @@ class Telemetry:
                 self.samples += samples
             yield item
 
-    def record(self, waited_s: float, item: Any) -> None:
+    def record(self, waited_s: float, item: object) -> None:
         """Count one item that took `waited_s` to arrive; for iterators that time themselves.
 
         Lock-free: only the iterating thread writes these totals and the reporting thread only reads them.
@@ -333,7 +286,7 @@ class Telemetry:
 
 
 def for_reader(
-    daemon: Any,
+    daemon: object,
     job: str,
     slot: int,
     skipped: Callable[[], int],
@@ -372,7 +325,7 @@ _HANDOVER_EVERY = 64
 
 
 def timed_items(
-    next_item: Callable[[], T], telemetry: Telemetry, count: Callable[[Any], int] | None = None
+    next_item: Callable[[], T], telemetry: Telemetry, count: Callable[[T], int] | None = None
 ) -> Iterator[T]:
     """Items from `next_item()` (until StopIteration), timing each call into `telemetry`.
 

@@ -24,9 +24,9 @@ import os
 import resource
 import socket
 import threading
-from typing import Any
 
 from shardcache.errors import DaemonUnavailable, OutOfFileDescriptors, error_for_status
+from shardcache.node import JSONValue
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -56,7 +56,7 @@ class Response:
         self.status = status
         self.body = body
 
-    def json(self) -> Any:
+    def json(self) -> JSONValue:
         return json.loads(self.body) if self.body else None
 
     def raise_for_status(self, url: str | None = None) -> Response:
@@ -237,7 +237,7 @@ class Transport:
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
 
-    def request(self, method: str, path: str, body: Any = None) -> Response:
+    def request(self, method: str, path: str, body: object = None) -> Response:
         """Send one request and read its whole answer (after any deferred answers still unread).
 
         Raises:
@@ -304,7 +304,7 @@ class Transport:
         held.clear()
         return taken
 
-    def send_deferred(self, method: str, path: str, body: Any) -> None:
+    def send_deferred(self, method: str, path: str, body: object) -> None:
         """Send a request whose answer nobody waits for; it is read during this thread's next request.
 
         Used for lease releases: the daemon gets the release at once, but the reader does not sit through a

@@ -17,13 +17,21 @@ waits until the batch in hand is decoded, so no child starts with a decoder's lo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from shardcache.errors import ConfigError, positive_int
 from shardcache.forksafe import background_work
-from shardcache.images.deferred import decode_batch, resolve_device
+from shardcache.images.deferred import DeferredImage, decode_batch, resolve_device
+
+if TYPE_CHECKING:
+    import torch
+
+Images = DeferredImage | Sequence[DeferredImage]  # one batch's field, as torch's collate leaves it
+# A batch's images decoded, and on a GPU the event that marks the end of their decode (None on the CPU).
+Decoded: TypeAlias = "tuple[torch.Tensor, torch.cuda.Event | None]"
+Decode = Callable[[Images], Decoded]
 
 
 def decode_ahead(
@@ -45,7 +53,7 @@ def decode_ahead(
     positive_int("depth", depth, " (batches decoded ahead of the step)")
     where = resolve_device(device)
     decode = _gpu_decoder(where, backend) if where != "cpu" else _cpu_decoder(backend)
-    pending: deque[tuple[dict[str, Any], Future[tuple[Any, Any]]]] = deque()
+    pending: deque[tuple[Mapping[str, object], Future[Decoded]]] = deque()
     with ThreadPoolExecutor(1, thread_name_prefix="shardcache-decode") as pool:
         try:
             for batch in batches:
@@ -64,21 +72,21 @@ def decode_ahead(
                 future.cancel()
 
 
-def _cpu_decoder(backend: str) -> Any:
-    def decode(images: Any) -> tuple[Any, None]:
+def _cpu_decoder(backend: str) -> Decode:
+    def decode(images: Images) -> tuple[torch.Tensor, None]:
         with background_work():
             return decode_batch(images, device="cpu", backend=backend), None
 
     return decode
 
 
-def _gpu_decoder(device: str, backend: str) -> Any:
+def _gpu_decoder(device: str, backend: str) -> Decode:
     """Decode on a stream of its own and record an event after it. UNTESTED ON A GPU (see the module)."""
     import torch
 
     stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
-    def decode(images: Any) -> tuple[Any, Any]:
+    def decode(images: Images) -> Decoded:
         with background_work(), torch.cuda.stream(stream):
             tensor = decode_batch(images, device=device, backend=backend)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -88,7 +96,12 @@ def _gpu_decoder(device: str, backend: str) -> Any:
     return decode
 
 
-def _ready(batch: dict[str, Any], future: Future[tuple[Any, Any]], field: str, device: str) -> dict[str, Any]:
+def _ready(
+    batch: Mapping[str, object],
+    future: Future[Decoded],
+    field: str,
+    device: str,
+) -> dict[str, object]:
     tensor, event = future.result()
     if event is not None:  # the GPU path: the step's stream waits for the decode's, not the host
         import torch

@@ -24,12 +24,16 @@ from __future__ import annotations
 import io
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from shardcache.errors import ConfigError
 from shardcache.images.crop import CropBox
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 BACKENDS = ("auto", "pil", "turbo")
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -49,14 +53,14 @@ class Header(NamedTuple):
     width: int
     height: int
     turbo: bool
-    opened: Any = None
+    opened: PIL.Image.Image | None = None
 
 
 class Decoded(NamedTuple):
     """A decoded crop, `size` x 3 uint8 (HWC, RGB), and the size (height, width) the codec decoded the whole
     image at before cropping: the full size, or a DCT-scaled one."""
 
-    image: np.ndarray[Any, np.dtype[np.uint8]]
+    image: npt.NDArray[np.uint8]
     decoded_size: tuple[int, int]
 
 
@@ -167,20 +171,21 @@ def decode_pil(
     return Decoded(np.array(out), (rgb.size[1], rgb.size[0]))
 
 
-def _open(data: bytes) -> Any:
+def _open(data: bytes) -> PIL.Image.Image:
     """Pillow's lazy open (reads the header only); BadImage if it is no image Pillow knows."""
     Image = pil()
     try:
-        return Image.open(io.BytesIO(data))
+        opened: PIL.Image.Image = Image.open(io.BytesIO(data))
+        return opened
     except (OSError, ValueError, SyntaxError) as exc:  # UnidentifiedImageError is an OSError
         raise BadImage(f"not an image Pillow can open ({exc})") from exc
 
 
 def _crop_resize(
-    array: np.ndarray[Any, np.dtype[np.uint8]],
+    array: npt.NDArray[np.uint8],
     box: tuple[float, float, float, float],
     size: tuple[int, int],
-) -> np.ndarray[Any, np.dtype[np.uint8]]:
+) -> npt.NDArray[np.uint8]:
     """Cut the whole pixels around the (fractional) `box` (left, top, right, bottom) out of `array`, then
     resize exactly `box` to `size` (height, width) with Pillow's bilinear filter."""
     Image = pil()

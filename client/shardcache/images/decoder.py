@@ -20,6 +20,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, CorruptImageError
 from shardcache.images.codecs import BACKENDS, BadImage, decode_box, preload, read_header
@@ -95,7 +98,7 @@ class ImageDecode:
         try:
             header = read_header(bytes(data), self.use_turbo)
             box = crop_box(self.crop, header.width, header.height, self.size, rng, self.scale, self.ratio)
-            value: Any
+            value: DeferredImage | npt.NDArray[np.uint8]
             if self.defer:
                 value = DeferredImage(bytes(data), *box, *self.size, str(name))
             else:

@@ -21,9 +21,11 @@ Where the batch is decoded (`device=`):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from shardcache.errors import ConfigError, CorruptImageError
 from shardcache.images.codecs import JPEG_MAGIC, BadImage, decode_box, has_turbo, read_header
@@ -95,7 +97,7 @@ def decode_batch(
         CorruptImageError: a record's bytes do not decode (named by its sample key). The worker read their
             header already, so only a body that is damaged past its header gets here.
     """
-    th = _torch()  # Any: the module, or a ConfigError naming the extra
+    th = _torch()  # the module, or a ConfigError naming the extra
     records = unbatch_deferred(images)
     where = resolve_device(device)
     if where != "cpu":
@@ -108,7 +110,7 @@ def decode_batch(
     return batch
 
 
-def _decode_cpu(record: DeferredImage, use_turbo: bool) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def _decode_cpu(record: DeferredImage, use_turbo: bool) -> npt.NDArray[np.uint8]:
     try:
         header = read_header(record.data, use_turbo)
         return decode_box(record.data, header, record.box, (record.out_height, record.out_width)).image
@@ -143,7 +145,7 @@ def _ints(column: Any) -> list[int]:
     return [int(v) for v in (column.tolist() if hasattr(column, "tolist") else column)]
 
 
-def _torch() -> Any:
+def _torch() -> ModuleType:
     try:
         import torch
     except ImportError as exc:

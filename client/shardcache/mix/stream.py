@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 import numpy as np
 
 from shardcache.errors import ConfigError, StateError
 from shardcache.mix.plan import epoch_rng
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    T = TypeVar("T", default=Any)  # the mixed sources' samples, passed on as they come; bare: Any
+else:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -24,21 +33,21 @@ logger = logging.getLogger(__name__)
 BLOCK = 4096
 
 
-class PassSource(Protocol):
+class PassSource(Protocol[T]):
     """One source of a mix, as seen by one slot: pass `j` is one full pass over this slot's share."""
 
     name: str
 
-    def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[Any]:
+    def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[T]:
         """An iterator over pass `pass_index`, resumed from `state` (the iterator's own state) if given."""
         ...
 
-    def state(self, iterator: Iterator[Any]) -> dict[str, Any]:
+    def state(self, iterator: Iterator[T]) -> dict[str, Any]:
         """The state of an iterator returned by `open`, before its next item."""
         ...
 
 
-class PassStream:
+class PassStream(Generic[T]):
     """Samples of one source over consecutive passes, stopping after `limit` samples or `max_passes`.
 
     A source is upsampled by reading further passes (each reshuffled: the `PassSource` derives a new
@@ -47,7 +56,7 @@ class PassStream:
 
     def __init__(
         self,
-        source: PassSource,
+        source: PassSource[T],
         limit: int | None = None,
         max_passes: int | None = None,
         allow_empty: bool = False,
@@ -60,12 +69,12 @@ class PassStream:
         self.taken_in_pass = 0
         self.taken = 0
         self._inner_state: dict[str, Any] | None = None
-        self._it: Iterator[Any] | None = None
+        self._it: Iterator[T] | None = None
 
-    def __iter__(self) -> PassStream:
+    def __iter__(self) -> PassStream[T]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T:
         if self.limit is not None and self.taken >= self.limit:
             raise StopIteration
         while True:
@@ -116,7 +125,7 @@ class PassStream:
         self._it = None
 
 
-class InterleaveIterator:
+class InterleaveIterator(Generic[T]):
     """Samples of several pass streams in a seeded random order with exact per-source counts.
 
     The order of the `sum(counts)` positions is a uniformly random arrangement of the counts, drawn per
@@ -125,7 +134,7 @@ class InterleaveIterator:
     """
 
     def __init__(
-        self, streams: Sequence[PassStream], counts: Sequence[int], seed: int, epoch: int, slot: int
+        self, streams: Sequence[PassStream[T]], counts: Sequence[int], seed: int, epoch: int, slot: int
     ):
         self.streams = list(streams)
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -158,10 +167,10 @@ class InterleaveIterator:
         self._block, self._block_index = order, index
         return order
 
-    def __iter__(self) -> InterleaveIterator:
+    def __iter__(self) -> InterleaveIterator[T]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T:
         if self.position >= self.total:
             raise StopIteration
         index, offset = divmod(self.position, BLOCK)
@@ -184,27 +193,27 @@ class InterleaveIterator:
             stream.load_state_dict(sub)
 
 
-class RecipeIterator:
+class RecipeIterator(Generic[T]):
     """Batches with exactly `recipe[name]` samples from each source, until the main source's pass ends.
 
     Each batch lists the sources' samples in the recipe's order. A last batch the main source cannot fill
     is dropped (its samples are counted in the log), so every batch has the exact recipe.
     """
 
-    def __init__(self, streams: Sequence[PassStream], recipe: Sequence[int], main: int) -> None:
+    def __init__(self, streams: Sequence[PassStream[T]], recipe: Sequence[int], main: int) -> None:
         self.streams = list(streams)
         self.recipe = list(recipe)
         self.main = main
         self.batches = 0
         self._done = False
 
-    def __iter__(self) -> RecipeIterator:
+    def __iter__(self) -> RecipeIterator[T]:
         return self
 
-    def __next__(self) -> list[Any]:
+    def __next__(self) -> list[T]:
         if self._done:
             raise StopIteration
-        parts: list[list[Any]] = [[] for _ in self.streams]
+        parts: list[list[T]] = [[] for _ in self.streams]
         main_stream = self.streams[self.main]
         for _ in range(self.recipe[self.main]):
             try:
@@ -274,7 +283,7 @@ class OrderedMixIterator:
 
     def __init__(
         self,
-        streams: Sequence[PassStream],
+        streams: Sequence[PassStream[object]],
         names: Sequence[str],
         strategy: str,
         weights: Sequence[int],
@@ -297,7 +306,7 @@ class OrderedMixIterator:
     def __iter__(self) -> OrderedMixIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> object:
         while True:
             source = self._pick()
             if source is None:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardcache.context import RuntimeContext
-from shardcache.daemon_access.telemetry import Telemetry, count_items, for_reader, timed_items
+from shardcache.daemon_access.item_counts import count_items
+from shardcache.daemon_access.telemetry import Telemetry, for_reader, timed_items
 from shardcache.errors import UnsupportedResume
 from shardcache.node import Node
 from shardcache.pipeline.build import build

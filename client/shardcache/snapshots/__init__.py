@@ -13,6 +13,7 @@ read.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from shardcache.spec import NodeBuilder, PipelineSpec
 
 if TYPE_CHECKING:
     from shardcache.snapshots.build import CacheOptions
+    from shardcache.snapshots.cli import Subparsers
 
 
 @contextlib.contextmanager
@@ -58,7 +60,7 @@ def materialise(
         return build.materialise(pre, context, options, build_nodes)
 
 
-def read_rows(uri: str) -> Any:
+def read_rows(uri: str) -> Iterator[dict[str, Any]]:
     """Every sample of a cache dataset, decoded, in order (see `shardcache.snapshots.writer.read_rows`)."""
     with _needs_lance_extra():
         from shardcache.snapshots import writer
@@ -66,7 +68,7 @@ def read_rows(uri: str) -> Any:
         return writer.read_rows(uri)
 
 
-def add_cache_subcommands(subparsers: Any) -> Any:
+def add_cache_subcommands(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add `shardcache cache ls | rm` (see `shardcache.snapshots.cli`)."""
     return cli.add_cache_subcommands(subparsers)
 

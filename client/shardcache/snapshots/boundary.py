@@ -7,8 +7,6 @@ wrote (`cut_at_cache`), so only the stages after it run on every pass.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, positive_int
 from shardcache.shards import ShardRef
@@ -20,7 +18,7 @@ from shardcache.spec import NodeBuilder, PipelineSpec
 from shardcache.stages import CacheStage, Stage
 from shardcache.stages.cache import SNAPSHOT_IDENTITY, SNAPSHOT_SUBSET
 
-CACHE_DEFAULTS: dict[str, Any] = {
+CACHE_DEFAULTS: dict[str, object] = {
     "cache_dir": ".cache",
     "cache_num_workers": 1,
     "cache_write_batch_size": 1024,
@@ -32,7 +30,7 @@ def last_cache(stages: tuple[Stage, ...]) -> int:
     return max((i for i, s in enumerate(stages) if isinstance(s, CacheStage)), default=-1)
 
 
-def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:
+def cache_stage(spec: PipelineSpec, options: dict[str, object]) -> CacheStage:
     """The cache stage `Dataset.cache(**options)` appends to `spec`, checked.
 
     Raises:
@@ -59,7 +57,7 @@ def cache_stage(spec: PipelineSpec, options: dict[str, Any]) -> CacheStage:
     return CacheStage({**options, "frozen": frozen} if any(frozen) else options)
 
 
-def cached(spec: PipelineSpec, options: dict[str, Any]) -> PipelineSpec:
+def cached(spec: PipelineSpec, options: dict[str, object]) -> PipelineSpec:
     """`spec.cache(**options)`: `spec` with a checked cache stage appended (defaults: `CACHE_DEFAULTS`)."""
     return spec.then(cache_stage(spec, {**CACHE_DEFAULTS, **options}))
 

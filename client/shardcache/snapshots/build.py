@@ -48,6 +48,7 @@ from shardcache.snapshots.store import (
 )
 from shardcache.snapshots.writer import _lance, read_rows, write_rows
 from shardcache.sources.lance.codec import RowEncoder
+from shardcache.sources.lance.rows import Row
 from shardcache.spec import NodeBuilder, PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -281,7 +282,7 @@ def _merge(entry: EntryPaths, slots: int, opts: CacheOptions, fingerprint: str) 
         lance.write_dataset(reader, target, mode="create", max_rows_per_file=opts.max_rows_per_fragment)
     else:  # parts chose different layouts for a field: re-encode into the union of their layouts
 
-        def rows() -> Iterator[dict[str, Any]]:
+        def rows() -> Iterator[Row]:
             for part, count in zip(parts, counts, strict=True):
                 if count:
                     yield from read_rows(str(part / DATA))

@@ -11,11 +11,14 @@ import dataclasses
 import datetime
 import json
 import sys
-from typing import Any
+from typing import TypeAlias
 
 from shardcache.errors import ShardcacheError
 from shardcache.formatting import human_bytes
 from shardcache.snapshots.store import cache_ls, cache_rm, resolve_cache_root
+
+# What `ArgumentParser.add_subparsers()` returns.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _when(timestamp: float | None) -> str:
@@ -38,9 +41,9 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         return 0
     rows = [["FINGERPRINT", "STATE", "ROWS", "SIZE", "CREATED", "PIPELINE"]]
     for entry in entries:
-        stages = " -> ".join(
-            [str(entry.description.get("source", "?"))] + list(entry.description.get("stages", []))
-        )
+        listed = entry.description.get("stages", [])  # a list of strings in a description.json we wrote
+        names = [str(stage) for stage in listed] if isinstance(listed, list) else []
+        stages = " -> ".join([str(entry.description.get("source", "?")), *names])
         rows.append(
             [
                 entry.fingerprint,
@@ -63,7 +66,7 @@ def cmd_cache_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cache_subcommands(subparsers: Any) -> argparse.ArgumentParser:
+def add_cache_subcommands(subparsers: Subparsers) -> argparse.ArgumentParser:
     """Add `cache ls` and `cache rm` to a `shardcache` argument parser's subparsers.
 
     The handlers need no daemon: dispatch with `run_cache_command(args)` when `args.command == "cache"`.

@@ -20,7 +20,6 @@ import importlib.metadata
 import struct
 import sys
 import types
-from typing import Any
 
 import numpy as np
 
@@ -32,20 +31,20 @@ _MAX_ARRAY_BYTES = 64 << 20
 _SKIPPED_CLASS_ATTRS = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__"})
 
 
-def _target(fn: Any) -> Any:
+def _target(fn: object) -> object:
     while isinstance(fn, functools.partial):
         fn = fn.func
     target = fn.__func__ if isinstance(fn, types.MethodType) else fn
     return target if isinstance(target, types.FunctionType | type) else type(target)
 
 
-def is_local(fn: Any) -> bool:
+def is_local(fn: object) -> bool:
     """Whether `fn` (or what a partial or bound method wraps) is a lambda or defined inside a function."""
     target = _target(fn)
     return getattr(target, "__name__", "") == "<lambda>" or "<locals>" in getattr(target, "__qualname__", "")
 
 
-def check_stable_callable(fn: Any, what: str) -> None:
+def check_stable_callable(fn: object, what: str) -> None:
     """Raise ConfigError when `fn` has no identity that survives a process restart.
 
     Args:
@@ -99,7 +98,7 @@ class Fingerprinter:
     def _emit(self, tag: str, data: bytes = b"") -> None:
         self._hash.update(tag.encode() + struct.pack("<Q", len(data)) + data)
 
-    def add(self, value: Any, depth: int = 0) -> None:
+    def add(self, value: object, depth: int = 0) -> None:
         """Feed one value: scalars and containers by content, callables by code, other objects by type."""
         if depth > _MAX_DEPTH:
             self._emit("deep", type(value).__qualname__.encode())
@@ -153,7 +152,7 @@ class Fingerprinter:
             flat = array.reshape(-1)
             self._emit("head", flat[:4096].tobytes() + flat[-4096:].tobytes())
 
-    def _once(self, obj: Any, label: str) -> bool:
+    def _once(self, obj: object, label: str) -> bool:
         # Recursive code (a function calling itself, two classes referring to each other) is walked once.
         if id(obj) in self._walked:
             self._emit("ref", label.encode())
@@ -250,7 +249,7 @@ class Fingerprinter:
                 "module", module.__name__.rsplit(".", 1)[-1].replace("__mp_main__", "__main__").encode()
             )
 
-    def _object(self, value: Any, depth: int) -> None:
+    def _object(self, value: object, depth: int) -> None:
         cls = type(value)
         self.add(cls, depth + 1)
         state = getattr(value, "__dict__", None)
@@ -267,13 +266,13 @@ def _referenced_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _digest(value: Any) -> bytes:
+def _digest(value: object) -> bytes:
     fingerprinter = Fingerprinter()
     fingerprinter.add(value)
     return fingerprinter.hexdigest(64).encode()
 
 
-def fingerprint_of(*values: Any) -> str:
+def fingerprint_of(*values: object) -> str:
     """The fingerprint of `values` taken together (24 hex digits).
 
     >>> fingerprint_of("select", ("a", "b")) == fingerprint_of("select", ("a", "b"))

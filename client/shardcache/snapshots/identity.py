@@ -14,24 +14,31 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import fsspec
 
 from shardcache.errors import CacheError, ConfigError
+from shardcache.node import JSONObject, JSONValue
 from shardcache.shards import has_protocol, local_path
 from shardcache.snapshots.fingerprint import Fingerprinter, fingerprint_of, is_local
 from shardcache.sources.kinds import kind_of
 from shardcache.stages.traits import StageTraits
 
+if TYPE_CHECKING:
+    from shardcache.sources.spec import SourceSpec
+
 logger = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 1
+
+# A shard's version as the fingerprint holds it: a tag ("etag", "size_mtime", ...) and what it read.
+ShardVersion = tuple[object, ...]
 _NOT_CONTENT_OPTIONS = frozenset({"context", "daemon"})
 
 
-def _name(fn: Any) -> str:
+def _name(fn: object) -> str:
     return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
@@ -72,7 +79,7 @@ def frozen_identities(stages: Sequence[StageTraits]) -> tuple[str | None, ...]:
     )
 
 
-def _version_from_info(info: dict[str, Any]) -> tuple[Any, ...]:
+def _version_from_info(info: Mapping[str, object]) -> ShardVersion:
     for key in ("ETag", "etag", "e_tag"):
         if info.get(key):
             return ("etag", str(info[key]).strip('"'))
@@ -82,7 +89,7 @@ def _version_from_info(info: dict[str, Any]) -> tuple[Any, ...]:
     return ("size", info.get("size"))
 
 
-def _local_version(path: str) -> tuple[Any, ...]:
+def _local_version(path: str) -> ShardVersion:
     stat = os.stat(path)
     if not os.path.isdir(path):
         return ("size_mtime", stat.st_size, stat.st_mtime_ns)
@@ -94,7 +101,7 @@ def _local_version(path: str) -> tuple[Any, ...]:
     return ("tree", total, newest)
 
 
-def _lance_version(url: str) -> tuple[Any, ...]:
+def _lance_version(url: str) -> ShardVersion:
     import lance
 
     dataset = lance.dataset(url)
@@ -102,13 +109,13 @@ def _lance_version(url: str) -> tuple[Any, ...]:
     return ("lance", dataset.version, str(latest.get("timestamp")))
 
 
-def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
+def shard_versions(urls: Sequence[str], kind: str) -> list[ShardVersion]:
     """The current version of every shard: one listing per remote directory, a stat per local file.
 
     Raises:
         CacheError: A shard's version cannot be read (names the URL).
     """
-    versions: dict[str, tuple[Any, ...]] = {}
+    versions: dict[str, ShardVersion] = {}
     remote: dict[str, list[str]] = defaultdict(list)
     for url in urls:
         try:
@@ -125,7 +132,7 @@ def shard_versions(urls: Sequence[str], kind: str) -> list[tuple[Any, ...]]:
     return [versions[url] for url in urls]
 
 
-def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]:
+def _remote_versions(parent: str, urls: list[str]) -> dict[str, ShardVersion]:
     try:
         fs, parent_path = fsspec.core.url_to_fs(parent)
         # One listing answers for every shard of a directory; fall back to one info() per shard. The
@@ -146,8 +153,8 @@ def _remote_versions(parent: str, urls: list[str]) -> dict[str, tuple[Any, ...]]
 
 
 def plan_fingerprint(
-    source: Any, stages: Sequence[Any], frozen: Sequence[str | None] = ()
-) -> tuple[str, dict[str, Any]]:
+    source: SourceSpec, stages: Sequence[StageTraits], frozen: Sequence[str | None] = ()
+) -> tuple[str, JSONObject]:
     """The fingerprint of a pre-cache pipeline, and a description of it for `shardcache cache ls`.
 
     Args:
@@ -170,7 +177,7 @@ def plan_fingerprint(
     return fingerprinter.hexdigest(), describe_plan(source, stages)
 
 
-def describe_plan(source: Any, stages: Sequence[Any], **extra: Any) -> dict[str, Any]:
+def describe_plan(source: SourceSpec, stages: Sequence[StageTraits], **extra: JSONValue) -> JSONObject:
     """What `shardcache cache ls` shows of an entry: the source, its shards, the stages (no I/O)."""
     return {
         "source": source.kind,
@@ -194,7 +201,9 @@ def snapshot_entry_name(identity: str) -> str:
     return fingerprinter.hexdigest()
 
 
-def provided_fingerprint(provider: Any, source: Any, stages: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+def provided_fingerprint(
+    provider: Callable[[], object], source: SourceSpec, stages: Sequence[StageTraits]
+) -> tuple[str, JSONObject]:
     """The fingerprint of an entry named by `snapshot(fingerprint_provider=...)`, and its description.
 
     The provider's string replaces the pipeline's identity: equal strings declare equal outputs, whatever

@@ -20,7 +20,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Fn = Callable[[Any], Any]
+Fn = Callable[[Any], object]  # the user's map functions: they may take any sample type
 
 _CHAIN: list[Fn] = []  # set once per worker process by _install (the pool initializer)
 
@@ -29,7 +29,7 @@ def _install(fns: Sequence[Fn]) -> None:
     _CHAIN[:] = list(fns)
 
 
-def _apply(fns: Sequence[Fn], chunk: list[Any]) -> list[Any]:
+def _apply(fns: Sequence[Fn], chunk: list[object]) -> list[object]:
     out = []
     for sample in chunk:
         for fn in fns:
@@ -38,11 +38,11 @@ def _apply(fns: Sequence[Fn], chunk: list[Any]) -> list[Any]:
     return out
 
 
-def _apply_installed(chunk: list[Any]) -> list[Any]:
+def _apply_installed(chunk: list[object]) -> list[object]:
     return _apply(_CHAIN, chunk)
 
 
-def _executor(workers: int, fns: Sequence[Fn]) -> tuple[Executor, Callable[[list[Any]], list[Any]]]:
+def _executor(workers: int, fns: Sequence[Fn]) -> tuple[Executor, Callable[[list[object]], list[object]]]:
     if multiprocessing.current_process().daemon:
         logger.info(
             "cache build inside a daemonic process (a DataLoader worker): leading maps run on threads"
@@ -56,8 +56,8 @@ def _executor(workers: int, fns: Sequence[Fn]) -> tuple[Executor, Callable[[list
 
 
 def parallel_map(
-    samples: Iterable[Any], fns: Sequence[Fn], workers: int, *, chunk_size: int = 16
-) -> Iterator[Any]:
+    samples: Iterable[object], fns: Sequence[Fn], workers: int, *, chunk_size: int = 16
+) -> Iterator[object]:
     """`fns` applied in turn to every sample, on `workers` workers, yielding results in input order.
 
     At most `2 * workers` chunks of `chunk_size` samples are in flight, so memory stays bounded whatever
@@ -76,7 +76,7 @@ def parallel_map(
             yield sample
         return
     executor, apply = _executor(workers, fns)
-    in_flight: deque[Future[list[Any]]] = deque()
+    in_flight: deque[Future[list[object]]] = deque()
     iterator = iter(samples)
     try:
         while chunk := list(itertools.islice(iterator, chunk_size)):

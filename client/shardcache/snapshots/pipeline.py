@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ArgumentTypeError, ConfigError
@@ -13,15 +13,18 @@ from shardcache.spec import NodeBuilder, PipelineSpec
 from shardcache.stages.cache import CacheStage
 from shardcache.stages.map import MapStage
 
+if TYPE_CHECKING:
+    from shardcache.sources.lance.rows import Row
+
 
 class _StreamNode(Node):
     """A plain iterator as the upstream of stage nodes (a build never resumes, so it has no state)."""
 
-    def __init__(self, items: Iterator[Any]) -> None:
+    def __init__(self, items: Iterator[object]) -> None:
         super().__init__()
         self._items = items
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         return self._items
 
     def state_dict(self) -> State:
@@ -31,7 +34,7 @@ class _StreamNode(Node):
         self._check_not_started()
 
 
-def dict_samples(samples: Iterator[Any]) -> Iterator[dict[str, Any]]:
+def dict_samples(samples: Iterator[object]) -> Iterator[Row]:
     """`samples`, each checked to be a dict: a snapshot row is a dict of fields (mvp's TypeError)."""
     for sample in samples:
         if not isinstance(sample, dict):
@@ -49,7 +52,7 @@ SOURCE_METADATA_ALIASES = {"__key__": "__source_key__", "__file__": "__source_fi
 REPLACED_METADATA = ("__local_index__", "__global_index__")
 
 
-def source_metadata_aliased(samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def source_metadata_aliased(samples: Iterator[Row]) -> Iterator[Row]:
     """`samples` as `snapshot()` stores them: `__key__`/`__file__` renamed, row indexes dropped.
 
     Raises:
@@ -75,7 +78,7 @@ def source_metadata_aliased(samples: Iterator[dict[str, Any]]) -> Iterator[dict[
 
 def iterate_part(
     pre: PipelineSpec, context: RuntimeContext, workers: int, build_nodes: NodeBuilder
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Row]:
     """The samples `pre` yields for `context`, built from the pipeline's own source and stage nodes.
 
     With `workers > 1`, the leading contiguous `map` stages run on a worker pool (in order, bounded in

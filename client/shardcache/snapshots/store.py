@@ -24,11 +24,11 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from shardcache import envvars
 from shardcache.durable import FileLock, read_json
 from shardcache.errors import CacheError
+from shardcache.node import JSONObject
 from shardcache.sources.deal.order import ORDER_VERSION
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class CacheEntry:
     size_bytes: int
     rows: int | None = None
     created: float | None = None
-    description: dict[str, Any] = field(default_factory=dict)
+    description: JSONObject = field(default_factory=dict)
 
 
 def _tree_size(root: Path) -> int:

@@ -8,17 +8,18 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import pyarrow as pa
 
 from shardcache.errors import ConfigError
 from shardcache.sources.lance.codec import LayoutChange, RowEncoder, decode_batches
+from shardcache.sources.lance.rows import Row
 
 logger = logging.getLogger(__name__)
 
 # Lance needs at least one column; an empty cache still says which key column it would have had.
-_EMPTY_SCHEMA_ROWS: list[dict[str, Any]] = [{"__key__": ""}]
+_EMPTY_SCHEMA_ROWS: list[Row] = [{"__key__": ""}]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class WriteResult:
     schema: pa.Schema
 
 
-def _lance() -> Any:
+def _lance() -> ModuleType:
     try:
         import lance
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -37,13 +38,13 @@ def _lance() -> Any:
     return lance
 
 
-def _batched(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+def _batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
     iterator = iter(rows)
     while chunk := list(itertools.islice(iterator, size)):
         yield chunk
 
 
-def read_rows(uri: str) -> Iterator[dict[str, Any]]:
+def read_rows(uri: str) -> Iterator[Row]:
     """Every row of a Lance dataset in write order, decoded (all fragments, whatever their sizes)."""
     dataset = _lance().dataset(uri)
     yield from decode_batches(dataset.to_batches(scan_in_order=True))
@@ -51,12 +52,12 @@ def read_rows(uri: str) -> Iterator[dict[str, Any]]:
 
 def _stream(
     encoder: RowEncoder,
-    first: list[dict[str, Any]],
-    batches: Iterator[list[dict[str, Any]]],
+    first: list[Row],
+    batches: Iterator[list[Row]],
     earlier: str | None,
     batch_size: int,
     written: list[int],
-    overflow: list[list[dict[str, Any]]],
+    overflow: list[list[Row]],
 ) -> Iterator[pa.RecordBatch]:
     """Batches of the rows of `earlier` (re-encoded), then of `first` and `batches` until one does not fit.
 
@@ -77,7 +78,7 @@ def _stream(
 
 
 def write_rows(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[Row],
     uri: str,
     *,
     batch_size: int,
@@ -100,7 +101,7 @@ def write_rows(
     lance = _lance()
     encoder = encoder if encoder is not None else RowEncoder()
     batches = _batched(rows, batch_size)
-    pending: list[dict[str, Any]] | None = next(batches, None)
+    pending: list[Row] | None = next(batches, None)
     if pending is None:
         if not len(encoder.schema):
             encoder.fit(_EMPTY_SCHEMA_ROWS)
@@ -111,7 +112,7 @@ def write_rows(
     generation = 0
     while True:
         written = [0]
-        overflow: list[list[dict[str, Any]]] = []
+        overflow: list[list[Row]] = []
 
         target = uri if generation == 0 else f"{uri}.widen{generation}"
         stream = _stream(encoder, pending, batches, previous, batch_size, written, overflow)

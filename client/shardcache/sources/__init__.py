@@ -40,7 +40,7 @@ ALIASES = {"tar": "tars"}
 KINDS = tuple(_NODES)  # the built-in kinds
 
 
-def canonical_kind(kind: Any) -> str:
+def canonical_kind(kind: object) -> str:
     """The source kind a name stands for ("tar" is "tars"); ConfigError for unknown kinds."""
     name = ALIASES.get(kind, kind) if isinstance(kind, str) else kind
     if name not in _NODES:

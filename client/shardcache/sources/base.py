@@ -22,7 +22,6 @@ import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import (
@@ -60,6 +59,9 @@ from shardcache.sources.options import SourceOptions
 from shardcache.sources.spec import SourceSpec
 
 logger = logging.getLogger(__name__)
+
+# One sample as a source reads it: field name -> value (the user's data, passed on as read).
+Sample = dict[str, object]
 
 # What `on_error="skip"` skips: the shard is bad or unreachable for good. Not DaemonUnavailable (the client
 # falls back to direct reads), NotAllowed, BadRequest or InsufficientCapacity (configuration to fix).
@@ -106,7 +108,7 @@ class SourceNode(Node):
         """Indices of the units this slot reads in `round_index` of the current epoch."""
         return slot_order(len(units), self.ctx, self.epoch, round_index, self.spec.shuffles_units)
 
-    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         """The samples of `unit` from index `start` on."""
         raise NotImplementedError
 
@@ -225,7 +227,7 @@ class SourceNode(Node):
         """Samples in `unit`, by reading it (the counting pass; sources with metadata never need it)."""
         return sum(1 for _ in self.read(unit, None, 0))
 
-    def gen(self) -> Iterator[dict[str, Any]]:
+    def gen(self) -> Iterator[Sample]:
         # Subsets (split/sample) of unit-level kinds; sources.deal.subset says which kinds are cut here.
         units = select_units(self.spec.kind, self.units(), self.spec.hints.subset)
         resample = self.spec.resample

@@ -21,11 +21,14 @@ import io
 import logging
 import zlib
 from collections.abc import Iterator
-from typing import IO, Any, cast
+from types import ModuleType
+from typing import IO, TypeVar, cast
 
 from shardcache.errors import ConfigError, CorruptShardError
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 GZIP, ZSTD = "gzip", "zstd"
 # Name endings -> codec, longest first; `.tgz` is a gzip-compressed tar.
@@ -57,7 +60,7 @@ def plain_name(url: str) -> str:
     return url
 
 
-def _zstandard(url: str) -> Any:
+def _zstandard(url: str) -> ModuleType:
     try:
         import zstandard
     except ImportError as exc:
@@ -187,7 +190,7 @@ def warn_empty(url: str) -> None:
     )
 
 
-def warn_if_nothing_read(samples: Iterator[Any], source: CountingReader, url: str) -> Iterator[Any]:
+def warn_if_nothing_read(samples: Iterator[T], source: CountingReader, url: str) -> Iterator[T]:
     """`samples`, then a warning when the stream under them turned out to be 0 bytes long."""
     yield from samples
     if source.count == 0:

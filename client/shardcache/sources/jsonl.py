@@ -13,15 +13,15 @@ import json
 import mmap
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import IO
 
 from shardcache import envvars
 from shardcache.errors import ConfigError, CorruptShardError, ShardError
 from shardcache.shards import ShardRef, has_protocol
-from shardcache.sources.base import SourceNode
+from shardcache.sources.base import Sample, SourceNode
 from shardcache.sources.compression import compression_of, decompress_all, decompressed_stream, warn_empty
 from shardcache.sources.deal.order import permutation
 from shardcache.sources.deal.partition import Unit
@@ -30,10 +30,13 @@ from shardcache.sources.opener import ShardOpener
 from shardcache.sources.options import SourceOptions
 from shardcache.sources.tarfmt import iter_members, iter_members_stream
 
+# A tar's members by name: bytes (a compressed tar, read whole) or (offset, size) in its mmap.
+Members = dict[str, bytes | tuple[int, int]]
+
 TAR_CACHE_SIZE_ENV = "LOADER_JSONL_TAR_CACHE_SIZE"
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: Mapping[str, object]) -> None:
     """Validate the jsonl keyword arguments."""
     refs = options.get("ref_fields")
     if refs is None:
@@ -79,7 +82,7 @@ class JsonlSource(SourceNode):
         part = (self.ctx.slot + round_index) % total
         return [f * total + part for f in files]
 
-    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         with self.opener.open(unit.ref, plan) as f:
             data = f.read()
         if not data:
@@ -126,14 +129,14 @@ class TarRefResolver:
             self.capacity = max(1, int(raw))
         except ValueError as exc:
             raise ConfigError(f"{variable}={raw!r}: must be a positive integer") from exc
-        self._open: OrderedDict[str, tuple[ExitStack, Any, dict[str, Any]]] = OrderedDict()
+        self._open: OrderedDict[str, tuple[ExitStack, mmap.mmap | IO[bytes] | None, Members]] = OrderedDict()
 
-    def resolve(self, value: Any, base: str, where: str) -> Any:
+    def resolve(self, value: object, base: str, where: str) -> bytes | list[bytes]:
         if isinstance(value, list):
             return [self.resolve_one(v, base, where) for v in value]
         return self.resolve_one(value, base, where)
 
-    def resolve_one(self, ref: Any, base: str, where: str) -> bytes:
+    def resolve_one(self, ref: object, base: str, where: str) -> bytes:
         if not isinstance(ref, str) or "#" not in ref:
             raise ShardError(f"{where}: reference {ref!r} is not of the form tar://<shard>#<key>.<field>")
         shard, _, member = ref.removeprefix("tar://").partition("#")
@@ -146,17 +149,18 @@ class TarRefResolver:
         if isinstance(entry, bytes):
             return entry
         offset, size = entry
+        assert isinstance(buf, mmap.mmap)  # members are (offset, size) only in an mmapped tar
         return bytes(buf[offset : offset + size])
 
-    def _tar(self, shard: str) -> tuple[Any, dict[str, Any]]:
+    def _tar(self, shard: str) -> tuple[mmap.mmap | IO[bytes] | None, Members]:
         hit = self._open.get(shard)
         if hit is not None:
             self._open.move_to_end(shard)
             return hit[1], hit[2]
         stack = ExitStack()
         try:
-            buf: Any = None
-            index: dict[str, Any]
+            buf: mmap.mmap | IO[bytes] | None = None
+            index: Members
             if compression_of(shard) is not None:  # decompressed once; its members are kept as bytes
                 raw = stack.enter_context(self.opener.open(ShardRef(shard)))
                 index = dict(iter_members_stream(decompressed_stream(raw, shard)[0], shard))

@@ -17,11 +17,11 @@ from typing import Any, Literal
 from shardcache.errors import ConfigError
 
 
-def _no_option(name: str, value: Any) -> bool:
+def _no_option(name: str, value: object) -> bool:
     return False
 
 
-def _as_given(name: str, value: Any) -> str | None:
+def _as_given(name: str, value: object) -> str | None:
     return None
 
 
@@ -33,6 +33,7 @@ class SourceKind:
     # Its keyword arguments besides context/daemon and the options every kind takes (partition, subset, plan).
     options: tuple[str, ...]
     # Validates its own keyword arguments (ConfigError naming the argument).
+    # (Any: a kind's own checker may take its options as a dict of whatever it reads.)
     check_options: Callable[[dict[str, Any]], None]
     # The suffix of its data files, which directories and globs list (None: it names datasets, not files).
     data_suffix: str | None
@@ -45,8 +46,8 @@ class SourceKind:
     subset_level: Literal["shard", "unit", "row"] = "unit"
     # Options of its own that read the same samples in the same order as leaving them out (kept out of
     # fingerprints), and how a fingerprint spells an option with several spellings (None: its repr).
-    order_neutral: Callable[[str, Any], bool] = _no_option
-    shown: Callable[[str, Any], str | None] = _as_given
+    order_neutral: Callable[[str, object], bool] = _no_option
+    shown: Callable[[str, object], str | None] = _as_given
     # Reads its URIs with its own object-store support (not through the daemon), and each dataset carries
     # its own version (what a snapshot's identity records instead of file stats).
     own_object_store: bool = False

@@ -13,11 +13,11 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any
 
 import fsspec
 
 from shardcache.errors import ConfigError
+from shardcache.node import JSONObject
 from shardcache.shards import ShardSpec, expand_shards
 from shardcache.sources.compression import decompress_all, plain_name
 from shardcache.sources.tarfmt import iter_tar_samples, sample_index
@@ -63,7 +63,7 @@ def write_manifest(pattern: ShardSpec, output: str | os.PathLike[str], *, count_
     for ref in refs:
         with fsspec.open(ref.url, "rb") as f:
             data = f.read()
-        row: dict[str, Any] = {
+        row: JSONObject = {
             "url": ref.url,
             "size": len(data),
             "checksum": f"sha256:{hashlib.sha256(data).hexdigest()}",

@@ -61,7 +61,7 @@ class PlanHints:
             given["plan_following"] = tuple((int(e), tuple(urls)) for e, urls in given["plan_following"])
         return rest, cls(**given)
 
-    def described(self) -> dict[str, Any]:
+    def described(self) -> dict[str, object]:
         """The hints that change which samples are read (subset, filter, a Lance source's pinned versions):
         what the fingerprint shows."""
         shown = {"subset": self.subset, "filter": self.filter, "versions": self.versions}

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardcache.errors import ConfigError, CorruptShardError, positive_int
-from shardcache.sources.base import SKIPPABLE, SourceNode
+from shardcache.shards import ShardRef
+from shardcache.sources.base import SKIPPABLE, Sample, SourceNode
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.partition import Unit
 from shardcache.sources.deal.schedule import slot_order
@@ -27,7 +28,7 @@ from shardcache.sources.spec import DEFAULT_BATCH_ROWS, check_columns_and_batch_
 logger = logging.getLogger(__name__)
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: Mapping[str, object]) -> None:
     """Validate the parquet keyword arguments."""
     check_columns_and_batch_size(options)
     per_chunk = options.get("min_row_groups_per_chunk", 1)
@@ -37,7 +38,7 @@ def check_options(options: dict[str, Any]) -> None:
         raise ConfigError(f"use_threads={use_threads!r}: expected True or False (pyarrow's threaded reads)")
 
 
-def _pq() -> Any:
+def _pq() -> Any:  # pyarrow.parquet: pyarrow ships no type hints
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
@@ -95,7 +96,7 @@ class ParquetSource(SourceNode):
 
     def units(self) -> list[Unit]:
         pq = _pq()
-        files: list[tuple[Any, list[int]]] = []
+        files: list[tuple[ShardRef, list[int]]] = []  # each file's row group sizes
         for n, ref in enumerate(self.spec.shards):
             try:
                 with self.opener.open(ref) as f, arrow_errors(ref.url, "its footer"):
@@ -131,7 +132,7 @@ class ParquetSource(SourceNode):
             )
         return units
 
-    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         pq = _pq()
         columns = self.options.columns
         url = unit.ref.url
@@ -160,7 +161,7 @@ class ParquetSource(SourceNode):
                 index += n
 
 
-def _order_neutral(name: str, value: Any) -> bool:
+def _order_neutral(name: str, value: object) -> bool:
     # pyarrow decodes the same rows with or without threads; one row group per chunk is the default.
     return name == "use_threads" or (name == "min_row_groups_per_chunk" and value == 1)
 

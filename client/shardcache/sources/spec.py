@@ -27,7 +27,7 @@ _DESCRIPTIONS: IdentityMemo[str] = IdentityMemo()
 DEFAULT_BATCH_ROWS = 65536
 
 
-def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
+def check_columns_and_batch_size(options: Mapping[str, object]) -> None:
     """Validate the `columns` and `batch_size` keyword arguments of the tabular sources (parquet, lance)."""
     columns = options.get("columns")
     if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
@@ -35,7 +35,7 @@ def check_columns_and_batch_size(options: Mapping[str, Any]) -> None:
     positive_int("batch_size", options.get("batch_size", DEFAULT_BATCH_ROWS))
 
 
-def check_on_error(options: Mapping[str, Any]) -> None:
+def check_on_error(options: Mapping[str, object]) -> None:
     """Validate `on_error` ("raise" or "skip")."""
     if options.get("on_error", "raise") not in ON_ERROR:
         raise ConfigError(f"on_error={options['on_error']!r}: expected one of {ON_ERROR}")
@@ -69,7 +69,7 @@ class SourceSpec:
 
     def _describe(self) -> str:
 
-        def show(value: Any, name: str = "") -> str:
+        def show(value: object, name: str = "") -> str:
             canonical = kind_of(self.kind).shown(name, value)
             if canonical is not None:  # e.g. a chunk_shuffle dict, whatever its key order
                 return canonical

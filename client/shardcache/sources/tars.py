@@ -9,15 +9,15 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from shardcache import envvars
 from shardcache.errors import ConfigError, CorruptShardError
 from shardcache.shards import ShardRef
-from shardcache.sources.base import SourceNode
+from shardcache.sources.base import Sample, SourceNode
 from shardcache.sources.compression import compression_of, decompressed_stream, warn_if_nothing_read
 from shardcache.sources.deal.counting import unit_key
 from shardcache.sources.deal.partition import ShardUnits, Unit
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 KEY_DOT_LEVEL_ENV = "LOADER_TAR_KEY_DOT_LEVEL"
 ON_CORRUPT = ("raise", "skip")
-_END = object()
+_END: Sample = {}  # the fill of a sidecar that ran out (compared by identity)
 
 
 def key_dot_level() -> int:
@@ -44,7 +44,7 @@ def key_dot_level() -> int:
     return level
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: Mapping[str, object]) -> None:
     """Validate the tars keyword arguments."""
     if options.get("on_corrupt", "raise") not in ON_CORRUPT:
         raise ConfigError(f"on_corrupt={options['on_corrupt']!r}: expected one of {ON_CORRUPT}")
@@ -84,7 +84,7 @@ class TarsSource(SourceNode):
             )
         return ShardUnits(shards)
 
-    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         level = key_dot_level()
         sidecars = self.options.sidecars or ()
         url = unit.ref.url
@@ -115,7 +115,7 @@ class TarsSource(SourceNode):
 
     def _open(
         self, stack: ExitStack, ref: ShardRef, plan: str | None, level: int, start: int = 0
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Sample]:
         raw: IO[bytes]
         if compression_of(ref.url) is None:
             buf = stack.enter_context(self.opener.open_buffer(ref, plan))
@@ -132,12 +132,12 @@ class TarsSource(SourceNode):
     def _zip_sidecars(
         self,
         stack: ExitStack,
-        main: Iterator[dict[str, Any]],
+        main: Iterator[Sample],
         url: str,
         sidecars: Sequence[tuple[str, Callable[[str], str]]],
         level: int,
         plan: str | None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Sample]:
         # Sidecars are opened under the slot's plan too (they are in it, after their main shard).
         others = [(name, self._open(stack, ShardRef(fn(url)), plan, level)) for name, fn in sidecars]
         for group in itertools.zip_longest(main, *(it for _, it in others), fillvalue=_END):

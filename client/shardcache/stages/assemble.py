@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.formatting import callable_name
-from shardcache.node import Node, State, field
+from shardcache.node import JSONValue, Node, State, field
 from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64
@@ -35,8 +35,9 @@ CHECKPOINT_EVERY = 64
 class Assembler(Protocol):
     """What `factory(context)` returns (mvp-dataset's protocol)."""
 
-    def push(self, sample: Any) -> Iterable[Any]: ...
-    def finish(self, *, drop_last: bool = False) -> Iterable[Any]: ...
+    # `sample` is Any: a user's assembler may take any sample type (object would refuse a narrower one).
+    def push(self, sample: Any) -> Iterable[object]: ...
+    def finish(self, *, drop_last: bool = False) -> Iterable[object]: ...
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,12 @@ class AssembleStage(StageTraits):
     described_args: ClassVar[tuple[str, ...]] = ("factory", "drop_last")
     before_cache: ClassVar[bool] = True
 
-    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+    def cache_identity(self, frozen: str | None = None) -> tuple[object, ...]:
         factory = self.factory if frozen is None else ("frozen", frozen)
         return ("assemble", factory, bool(self.drop_last))
 
     @property
-    def user_callable(self) -> Any:
+    def user_callable(self) -> Callable[[RuntimeContext], Assembler]:
         return self.factory
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
@@ -65,12 +66,12 @@ class AssembleStage(StageTraits):
         return f"assemble({callable_name(self.factory)},{self.drop_last})"
 
 
-def _identity(assembler: Any) -> Any:
+def _identity(assembler: object) -> JSONValue:
     """The assembler's `identity()` when it has one that is JSON (what a state can carry), else None."""
     method = getattr(assembler, "identity", None)
     if not callable(method):
         return None
-    value = method()
+    value: JSONValue = method()
     try:
         json.dumps(value)
     except (TypeError, ValueError):
@@ -78,7 +79,7 @@ def _identity(assembler: Any) -> Any:
     return value
 
 
-def check_assembler_identity(saved: Any, assembler: Any) -> None:
+def check_assembler_identity(saved: JSONValue, assembler: object) -> None:
     """Refuse an assembler whose identity is not the `saved` one (None: none was recorded)."""
     identity = _identity(assembler)
     if saved is not None and identity != saved:
@@ -89,7 +90,7 @@ def check_assembler_identity(saved: Any, assembler: Any) -> None:
         )
 
 
-def _stateful(assembler: Any) -> bool:
+def _stateful(assembler: object) -> bool:
     return callable(getattr(assembler, "state_dict", None)) and callable(
         getattr(assembler, "load_state_dict", None)
     )
@@ -107,9 +108,9 @@ class AssembleNode(Node):
         self._mark: tuple[State, Any] | None = None  # (upstream state, assembler state or None)
         self._loaded: Any = None
         self._emitted = 0
-        self._identity: Any = None  # the assembler's identity(): recorded, or loaded to compare
+        self._identity: JSONValue = None  # the assembler's identity(): recorded, or loaded to compare
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         up = self.up
         assembler: Any = self.factory(self.ctx)
         stateful = _stateful(assembler)

@@ -33,7 +33,8 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, ResumeStateError
@@ -41,6 +42,10 @@ from shardcache.formatting import callable_name
 from shardcache.node import Node, State
 from shardcache.node import field as state_field
 from shardcache.stages.traits import StageTraits
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
 
 Topology = Literal["node", "none"]
 
@@ -165,13 +170,13 @@ class BalanceStage(StageTraits):
     """Equal item counts per data-parallel rank (see the module); `process_group` None: the default group."""
 
     drop_last: bool = True
-    dummy_factory: Callable[[RuntimeContext], Any] | None = None
+    dummy_factory: Callable[[RuntimeContext], object] | None = None
     buffer_size: int = 32
     chunk_size: int = 16
     max_transfer_per_round: int = 8
     topology: Topology = "node"
-    process_group: Any = None
-    device_process_group: Any = None
+    process_group: ProcessGroup | None = None
+    device_process_group: ProcessGroup | None = None
     kind: ClassVar[str] = "balance"
     described_args: ClassVar[tuple[str, ...]] = (
         "drop_last",
@@ -194,7 +199,7 @@ class BalanceStage(StageTraits):
         )
 
 
-def _dist() -> Any:
+def _dist() -> ModuleType | None:
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a TorchLoader requirement
@@ -208,11 +213,11 @@ def _dist() -> Any:
 class _OnDevice:
     """A tensor moved to host memory for a transfer, and the device type it came from."""
 
-    tensor: Any
+    tensor: torch.Tensor
     device_type: str
 
 
-def _to_host(item: Any) -> Any:
+def _to_host(item: object) -> object:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(item, torch.Tensor) and item.device.type != "cpu":
         return _OnDevice(item.cpu(), item.device.type)
@@ -223,7 +228,7 @@ def _to_host(item: Any) -> Any:
     return item
 
 
-def _from_host(item: Any) -> Any:
+def _from_host(item: object) -> object:
     if isinstance(item, _OnDevice):
         import torch
 
@@ -246,9 +251,9 @@ class BalanceNode(Node):
         self.ctx = ctx
         self.chunk = 0  # the chunk being yielded
         self.offset = 0  # items of it already yielded
-        self.output: list[Any] = []
+        self.output: list[object] = []
         self.finished = False
-        self.buffer: deque[tuple[Any, State]] = deque()  # (item, upstream state after it)
+        self.buffer: deque[tuple[object, State]] = deque()  # (item, upstream state after it)
         self.front: State | None = None  # upstream state where the buffer begins
         self.chunk_front: State | None = None  # ... when the current chunk began
         self.upstream_done = False
@@ -256,13 +261,13 @@ class BalanceNode(Node):
         self._passthrough: bool | None = None
         self._loaded: State | None = None
 
-    def _active(self) -> Any:
+    def _active(self) -> ModuleType | None:
         dist = _dist()
         if dist is None or dist.get_world_size(self.spec.process_group) == 1:
             return None
         return dist
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         dist = self._active()
         self._passthrough = dist is None
         if dist is None:
@@ -286,7 +291,7 @@ class BalanceNode(Node):
             self.offset = 0
             self.output = []
 
-    def _fill(self, up: Iterator[Any], target: int) -> None:
+    def _fill(self, up: Iterator[object], target: int) -> None:
         while len(self.buffer) < target and not self.upstream_done:
             try:
                 item = next(up)
@@ -295,18 +300,18 @@ class BalanceNode(Node):
                 return
             self.buffer.append((item, self.up.state_dict()))
 
-    def _pop(self) -> Any:
+    def _pop(self) -> object:
         item, self.front = self.buffer.popleft()
         return item
 
-    def _build_chunk(self, dist: Any, up: Iterator[Any]) -> None:
+    def _build_chunk(self, dist: ModuleType, up: Iterator[object]) -> None:
         spec, group = self.spec, self.spec.process_group
         self.chunk_front = self.front
         world = dist.get_world_size(group)
         rank = dist.get_rank(group)
         self._fill(up, max(spec.buffer_size, world))
         mine = Status(rank, self.ctx.node, len(self.buffer), self.upstream_done, self.chunk)
-        gathered: list[Any] = [None] * world
+        gathered: list[Status] = [mine] * world  # placeholders: all_gather_object sets every one
         dist.all_gather_object(gathered, mine, group=group)
         chunks = {s.chunk for s in gathered}
         if len(chunks) > 1:
@@ -324,7 +329,7 @@ class BalanceNode(Node):
                 payload = [[_to_host(self._pop()) for _ in range(transfer.count)]]
                 dist.send_object_list(payload, dst=global_rank(group, transfer.dst), group=group)
             elif transfer.dst == rank:
-                box: list[Any] = [None]
+                box: list[list[object]] = [[]]  # a placeholder: recv_object_list sets it
                 dist.recv_object_list(box, src=global_rank(group, transfer.src), group=group)
                 output.extend(_from_host(item) for item in box[0])
         if plan.dummies[rank]:

@@ -18,7 +18,7 @@ class BatchStage(StageTraits):
 
     batch_size: int
     drop_last: bool = False
-    collate_fn: Callable[[list[Any]], Any] | None = None
+    collate_fn: Callable[[list[Any]], object] | None = None  # the user's: takes any sample type
     kind: ClassVar[str] = "batch"
     described_args: ClassVar[tuple[str, ...]] = ("batch_size", "drop_last", "collate_fn")
     passes_position: ClassVar[bool] = True
@@ -37,16 +37,16 @@ class BatchNode(StatelessNode):
     """Between two batches this node holds no samples, so its position is exactly its upstream's."""
 
     def __init__(
-        self, up: Node, size: int, drop_last: bool, collate: Callable[[list[Any]], Any] | None
+        self, up: Node, size: int, drop_last: bool, collate: Callable[[list[Any]], object] | None
     ) -> None:
         super().__init__(up)
         self.size = size
         self.drop_last = drop_last
         self.collate = collate
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         size, collate = self.size, self.collate
-        buf: list[Any] = []
+        buf: list[object] = []
         for item in self.up.iterator():
             buf.append(item)
             if len(buf) == size:

@@ -7,11 +7,11 @@ Each builder validates its arguments and returns the frozen stage spec; a bad va
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, positive_int
-from shardcache.stages.assemble import AssembleStage
+from shardcache.stages.assemble import Assembler, AssembleStage
 from shardcache.stages.balance import BalanceStage
 from shardcache.stages.batch import BatchStage
 from shardcache.stages.map import MapStage
@@ -19,15 +19,21 @@ from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
 from shardcache.stages.unbatch import UnbatchStage
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
-def a_callable(name: str, value: Any) -> Any:
+
+F = TypeVar("F")
+
+
+def a_callable(name: str, value: F) -> F:
     """`value` if it is callable, else ConfigError naming `name`."""
     if not callable(value):
         raise ConfigError(f"{name}={value!r}: expected a callable")
     return value
 
 
-def map_stage(fn: Callable[[Any], Any]) -> MapStage:
+def map_stage(fn: Callable[[Any], object]) -> MapStage:
     return MapStage(a_callable("fn", fn))
 
 
@@ -47,12 +53,12 @@ def shuffle_stage(buffer_size: int, initial: int | None = None, seed: int | None
     return ShuffleStage(buffer_size, initial, seed)
 
 
-def assemble_stage(factory: Callable[[RuntimeContext], Any], drop_last: bool = False) -> AssembleStage:
+def assemble_stage(factory: Callable[[RuntimeContext], Assembler], drop_last: bool = False) -> AssembleStage:
     return AssembleStage(a_callable("factory", factory), bool(drop_last))
 
 
 def batch_stage(
-    batch_size: int, drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None
+    batch_size: int, drop_last: bool = False, collate_fn: Callable[[list[Any]], object] | None = None
 ) -> BatchStage:
     positive_int("batch_size", batch_size)
     if collate_fn is not None:
@@ -66,13 +72,13 @@ def unbatch_stage() -> UnbatchStage:
 
 def balance_stage(
     drop_last: bool = True,
-    dummy_factory: Callable[[RuntimeContext], Any] | None = None,
+    dummy_factory: Callable[[RuntimeContext], object] | None = None,
     buffer_size: int = 32,
     chunk_size: int = 16,
     max_transfer_per_round: int = 16,
     topology: str = "node",
-    process_group: Any = None,
-    device_process_group: Any = None,
+    process_group: ProcessGroup | None = None,
+    device_process_group: ProcessGroup | None = None,
 ) -> BalanceStage:
     if not drop_last and dummy_factory is None:
         raise ConfigError(

@@ -28,11 +28,11 @@ back with fresh row metadata (`shardcache.snapshots.snapshot`)."""
 class CacheStage(StageTraits):
     """Materialise everything before this stage; the options are `.cache()`'s keyword arguments."""
 
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)  # `.cache()` keywords and internal keys
     kind: ClassVar[str] = "cache"
     before_cache: ClassVar[bool] = True
 
-    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+    def cache_identity(self, frozen: str | None = None) -> tuple[object, ...]:
         return ("cache",)
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:

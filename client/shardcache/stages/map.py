@@ -16,7 +16,7 @@ from shardcache.stages.traits import StageTraits
 class MapStage(StageTraits):
     """Apply `fn` to every sample."""
 
-    fn: Callable[[Any], Any]
+    fn: Callable[[Any], object]  # the user's function: Any, so that it may take any sample type
     kind: ClassVar[str] = "map"
     described_args: ClassVar[tuple[str, ...]] = ("fn",)
     passes_position: ClassVar[bool] = True
@@ -24,11 +24,11 @@ class MapStage(StageTraits):
     keeps_count: ClassVar[bool] = True
     before_cache: ClassVar[bool] = True
 
-    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+    def cache_identity(self, frozen: str | None = None) -> tuple[object, ...]:
         return ("map", self.fn) if frozen is None else ("map", "frozen", frozen)
 
     @property
-    def user_callable(self) -> Callable[[Any], Any]:
+    def user_callable(self) -> Callable[[Any], object]:
         return self.fn
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
@@ -38,10 +38,10 @@ class MapStage(StageTraits):
         return f"map({callable_name(self.fn)})"
 
 
-class MapNode(StatelessNode):
-    def __init__(self, up: Node, fn: Callable[[Any], Any]) -> None:
+class MapNode(StatelessNode[object]):
+    def __init__(self, up: Node, fn: Callable[[Any], object]) -> None:
         super().__init__(up)
         self.fn = fn
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         return map(self.fn, self.up.iterator())

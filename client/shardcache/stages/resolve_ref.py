@@ -12,13 +12,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from shardcache.errors import ConfigError, StateError, positive_int
 from shardcache.node import Node, State
 from shardcache.sources.kinds import kind_of, registered
 from shardcache.sources.lance.refs import RefColumn, RefTable, check_index, parse_ref_columns, resolve_batch
 from shardcache.stages.traits import StageTraits
+
+if TYPE_CHECKING:
+    from shardcache.context import RuntimeContext
+    from shardcache.sources.spec import SourceSpec
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class ResolveRefStage(StageTraits):
     storage_options: Mapping[str, str] | None = field(default=None, compare=False)
     kind: ClassVar[str] = "resolve_ref"
 
-    def node(self, up: Node, ctx: Any) -> Node:
+    def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return ResolveRefNode(up, self)
 
     def describe(self) -> str:
@@ -46,7 +50,7 @@ class ResolveRefNode(Node):
         self._mark: State | None = None  # upstream state at the start of the current read-ahead
         self._emitted = 0  # items of that read-ahead already emitted
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         tables = [RefTable(ref, self.stage.storage_options) for ref in self.stage.refs]
         it = self.up.iterator()
         skip = self._emitted
@@ -78,7 +82,7 @@ class ResolveRefNode(Node):
 
 
 def resolve_ref_stage(
-    source: Any, names: str | Sequence[str], resolve_batch_size: int, index: Any
+    source: SourceSpec, names: str | Sequence[str], resolve_batch_size: int, index: object
 ) -> ResolveRefStage:
     """The stage `Dataset.resolve_ref(names, ...)` adds over a lance source with `ref_columns`."""
     kind = getattr(source, "kind", None)

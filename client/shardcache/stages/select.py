@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.node import Node, StatelessNode
@@ -23,7 +23,7 @@ class SelectStage(StageTraits):
     keeps_count: ClassVar[bool] = True
     before_cache: ClassVar[bool] = True
 
-    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...]:
+    def cache_identity(self, frozen: str | None = None) -> tuple[object, ...]:
         return ("select", tuple(self.fields))
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
@@ -38,7 +38,7 @@ class SelectNode(StatelessNode):
         super().__init__(up)
         self.fields = fields
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         fields = self.fields
         for sample in self.up.iterator():
             out = {k: v for k, v in sample.items() if k[:2] == "__" and k[-2:] == "__"}

@@ -19,7 +19,7 @@ import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from shardcache.buffer_shuffle import effective_initial, replay, rng_seed
 from shardcache.context import RuntimeContext
@@ -73,17 +73,17 @@ class ShuffleNode(Node):
         self.buffer_size = buffer_size
         self.initial = effective_initial(buffer_size, initial)
         self.rng_seed = rng_seed
-        self._buf: list[Any] = []
+        self._buf: list[object] = []
         self._emitted = 0
         self._pending: State | None = None
         # (input index, upstream state before that input), oldest first; the first is at or before the
         # oldest input in the buffer.
         self._marks: deque[tuple[int, State]] = deque()
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         up, marks = self.up, self._marks
         size, initial, mask = self.buffer_size, self.initial, CHECKPOINT_EVERY - 1
-        buf: list[Any] = []
+        buf: list[object] = []
         idx: list[int] = []  # the input index of each buffered item, swapped along with it
         if self._pending is None:
             rng, grow, taken, emitted = random.Random(self.rng_seed), False, 0, 0
@@ -94,7 +94,7 @@ class ShuffleNode(Node):
             rng, idx, grow = replay(self.rng_seed, self.buffer_size, self.initial, taken, emitted)
             it = up.iterator()
             wanted = set(idx)
-            found: dict[int, Any] = {}
+            found: dict[int, object] = {}
             for i in range(at, taken):
                 if not i & mask:
                     marks.append((i, up.state_dict()))

@@ -8,7 +8,8 @@ back, changes their count, cannot go before `.cache()` and leaves batching as it
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 
 class StageTraits:
@@ -28,13 +29,13 @@ class StageTraits:
     # The names of the positional arguments of its `describe()`, for the messages of a refused resume.
     described_args: ClassVar[tuple[str, ...]] = ()
 
-    def cache_identity(self, frozen: str | None = None) -> tuple[Any, ...] | None:
+    def cache_identity(self, frozen: str | None = None) -> tuple[object, ...] | None:
         """What of this stage names a `.cache()` entry (None: nothing; `frozen`: its callable's fingerprint
         taken when `.cache()` was called, for lambdas and closures)."""
         return None
 
     @property
-    def user_callable(self) -> Any:
+    def user_callable(self) -> Callable[..., object] | None:
         """The user's function this stage runs, whose code fingerprints a cache entry (None: none)."""
         return None
 

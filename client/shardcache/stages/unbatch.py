@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from shardcache.context import RuntimeContext
 from shardcache.node import Node, State, field
@@ -25,7 +25,7 @@ class UnbatchStage(StageTraits):
         return "unbatch()"
 
 
-def items_of(batch: Any) -> list[Any]:
+def items_of(batch: Iterable[object]) -> list[object]:
     """The samples of one batch."""
     if isinstance(batch, Mapping):
         keys = list(batch)
@@ -43,7 +43,7 @@ class UnbatchNode(Node):
         self._before: State | None = None
         self._done = 0
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         up = self.up
         it = up.iterator()
         skip = self._done

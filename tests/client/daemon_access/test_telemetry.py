@@ -10,7 +10,8 @@ import pytest
 
 from harness.daemon_api import client_samples
 from harness.devservers import Daemon
-from shardcache.daemon_access.telemetry import Telemetry, count_items
+from shardcache.daemon_access.item_counts import count_items
+from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.daemon_access.transport import Transport
 
 

@@ -11,7 +11,8 @@ import pytest
 from harness.daemon_api import client_samples
 from harness.shards import ShardSet
 from shardcache import Dataset
-from shardcache.daemon_access.telemetry import Telemetry, count_items
+from shardcache.daemon_access.item_counts import count_items
+from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.jobs import default_job, script_name
 
 TOTAL = 4 * 8  # local_shards: four shards of eight samples

@@ -95,6 +95,10 @@ class Countable(Protocol):
     def count(self, unit: Unit) -> int: ...
 
 
+# What one rank counted in the counting pass: unit key -> (samples, sample offsets or None).
+Counted = dict[str, tuple[int, tuple[int, ...] | None]]
+
+
 def unit_key(unit: Unit) -> str:
     return unit.ref.url if unit.part == 0 else f"{unit.ref.url}#{unit.part}"
 
@@ -143,11 +147,11 @@ def _count(node: Countable, units: Sequence[Unit], missing: list[int]) -> None:
             len(missing),
             node.partitioning.even,
         )
-        found = {}
+        found: Counted = {}
         for i in share:
             key = unit_key(units[i])
             found[key] = (node.count(units[i]), node.facts.offsets.get(key))
-        gathered: list[Any] = [None] * int(dist.get_world_size())
+        gathered: list[Counted | None] = [None] * int(dist.get_world_size())
         dist.all_gather_object(gathered, found)
         for part in gathered:
             for key, (count, offsets) in (part or {}).items():

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -159,7 +159,7 @@ class Partitioning:
         return self.placement == "node" or self.even is not None
 
 
-def check_partition_options(options: dict[str, object]) -> None:
+def check_partition_options(options: Mapping[str, object]) -> None:
     """Validate `placement`, `even` and `exchange`."""
     placement = options.get("placement", "auto")
     if placement not in ("auto", *PLACEMENTS):

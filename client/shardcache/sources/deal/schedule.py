@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -55,7 +54,7 @@ NextUrls = Callable[[], Sequence[str]]
 PLAN_OPTIONS = ("plan_following", "job", "node_owners")
 
 
-def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
+def check_shuffle_mode(kind: str, options: Mapping[str, object]) -> None:
     """Validate `shuffle_mode` for a kind the deal shuffles, naming the values it accepts."""
     traits = kind_of(kind)
     modes = traits.unit_shuffle_modes
@@ -71,13 +70,13 @@ def check_shuffle_mode(kind: str, options: dict[str, Any]) -> None:
         )
 
 
-def shuffles_units(kind: str, options: Any) -> bool:
+def shuffles_units(kind: str, options: Mapping[str, object]) -> bool:
     """Whether a source permutes its units per epoch (every kind but an explicit shuffle_mode="none")."""
     modes = kind_of(kind).unit_shuffle_modes
     return modes is None or options.get("shuffle_mode", modes[0]) != "none"
 
 
-def order_neutral(kind: str, name: str, value: Any) -> bool:
+def order_neutral(kind: str, name: str, value: object) -> bool:
     """Whether option `name=value` reads the same samples in the same order as leaving it out does.
 
     Such options stay out of the fingerprints, so spelling a default out keeps saved states valid: the
@@ -91,7 +90,7 @@ def order_neutral(kind: str, name: str, value: Any) -> bool:
     return name == "shuffle_mode" and modes is not None and value == modes[0]
 
 
-def check_plan_options(options: dict[str, Any]) -> None:
+def check_plan_options(options: Mapping[str, object]) -> None:
     """Validate `plan_following` (a sequence of (epoch, urls) groups) and `job` (a non-empty string)."""
     owners = options.get("node_owners")
     if owners is not None and not (

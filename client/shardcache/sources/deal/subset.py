@@ -29,21 +29,25 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from shardcache.errors import ConfigError
 from shardcache.sources.deal.feistel import permute_positions
+from shardcache.sources.deal.partition import Unit
 from shardcache.sources.kinds import kind_of
 
+U = TypeVar("U", bound=Unit)
+S = TypeVar("S")
+# ("split", fractions, index) or ("sample", fraction, seed): see split_step, sample_step.
 Step = tuple[Any, ...]
 Subset = tuple[Step, ...]
-SplitOrder = Callable[[int], Any]
+SplitOrder = Callable[[int], "np.ndarray[tuple[int], np.dtype[np.int64]]"]
 """A shuffled source's row order over n rows (a permutation of ``range(n)``), for `select_rows`."""
 
 
-def normalize_fractions(fractions: Any) -> tuple[float, ...]:
+def normalize_fractions(fractions: object) -> tuple[float, ...]:
     """Fractions scaled to sum to 1; ConfigError for an empty list or a non-positive or non-finite value."""
     if isinstance(fractions, (str, bytes)) or not isinstance(fractions, Sequence) or not fractions:
         raise ConfigError(
@@ -67,12 +71,12 @@ def normalize_fractions(fractions: Any) -> tuple[float, ...]:
     return tuple(v / total for v in values)
 
 
-def split_step(fractions: Any, index: int) -> Step:
+def split_step(fractions: object, index: int) -> Step:
     """The step keeping part `index` of a split by `fractions`."""
     return ("split", normalize_fractions(fractions), index)
 
 
-def sample_step(fraction: Any, seed: Any) -> Step:
+def sample_step(fraction: object, seed: object) -> Step:
     """The step keeping a `fraction` in (0, 1] of the units, chosen from `seed`."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ConfigError(
@@ -84,7 +88,7 @@ def sample_step(fraction: Any, seed: Any) -> Step:
     return ("sample", float(fraction), seed)
 
 
-def check_subset(subset: Any) -> None:
+def check_subset(subset: object) -> None:
     """Validate a subset (``hints.subset``, as built by `split_step`/`sample_step`)."""
     if not isinstance(subset, tuple) or not subset:
         raise ConfigError(
@@ -218,7 +222,7 @@ def select_rows(count: int, subset: Subset | None, split_order: SplitOrder | Non
     return kept
 
 
-def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> Sequence[Any]:
+def select_units(kind: str, units: Sequence[U], subset: Subset | None) -> Sequence[U]:
     """The units of a source a subset keeps (the reader-side hook, for unit lists built at iteration).
 
     Parquet row groups are weighted by their row count (`Unit.count`). Shard-level kinds (tars, jsonl) were
@@ -233,7 +237,7 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> Sequ
     if not subset or kind_of(kind).subset_level != "unit":
         # A list is copied (a kind may refill its copy per epoch: lance); a lazy one stays lazy (tars).
         return list(units) if isinstance(units, list) else units
-    sizes = [1 if getattr(u, "count", None) is None else int(u.count) for u in units]
+    sizes = [1 if u.count is None else int(u.count) for u in units]
     kept = [units[i] for i in select(sizes, subset)]
     if units and not kept:
         raise ConfigError(
@@ -244,7 +248,7 @@ def select_units(kind: str, units: Sequence[Any], subset: Subset | None) -> Sequ
     return kept
 
 
-def select_shards(kind: str, shards: Sequence[Any], step: Step, min_units: int = 1) -> tuple[Any, ...]:
+def select_shards(kind: str, shards: Sequence[S], step: Step, min_units: int = 1) -> tuple[S, ...]:
     """Shard-level subsets (tars, jsonl): the shards one step keeps, weighted one per shard.
 
     Args:

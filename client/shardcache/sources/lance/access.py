@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from types import ModuleType
 
 from shardcache.errors import ConfigError
 
@@ -48,7 +48,7 @@ def storage_options_for(url: str, given: Mapping[str, str] | None) -> dict[str, 
     return merged or None
 
 
-def lance_module() -> Any:
+def lance_module() -> ModuleType:
     """The `lance` package, or a ConfigError naming the extra that installs it."""
     try:
         import lance

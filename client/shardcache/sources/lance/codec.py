@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,14 +44,13 @@ class LayoutChange(Exception):
     """A batch does not fit the current column layout; widen the encoder and re-encode."""
 
 
-def _scalar_type(value: Any) -> pa.DataType | None:
-    kind = type(value)
-    if kind is int and not _INT64_MIN <= value <= _INT64_MAX:
+def _scalar_type(value: object) -> pa.DataType | None:
+    if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
         return None
-    return _SCALARS.get(kind)
+    return _SCALARS.get(type(value))
 
 
-def native_type(value: Any) -> pa.DataType | None:
+def native_type(value: object) -> pa.DataType | None:
     """The Arrow type that holds `value` exactly, or None when it needs tagged bytes."""
     if type(value) is not list:
         return _scalar_type(value)
@@ -64,13 +62,13 @@ def native_type(value: Any) -> pa.DataType | None:
     return pa.large_list(first)
 
 
-def _fits(value: Any, arrow_type: pa.DataType) -> bool:
+def _fits(value: object, arrow_type: pa.DataType) -> bool:
     if type(value) is list and not value:
         return bool(pa.types.is_large_list(arrow_type))
     return bool(native_type(value) == arrow_type)
 
 
-def encode_value(value: Any) -> bytes:
+def encode_value(value: object) -> bytes:
     """Tagged bytes of any picklable value (numpy arrays of a plain dtype as `.npy`)."""
     if type(value) is np.ndarray and not value.dtype.hasobject:
         buffer = io.BytesIO()
@@ -80,7 +78,7 @@ def encode_value(value: Any) -> bytes:
     return b"P" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_value(data: bytes) -> Any:
+def decode_value(data: bytes) -> object:
     """Inverse of `encode_value`."""
     tag, body = data[:1], memoryview(data)[1:]
     if tag == b"N":
@@ -154,10 +152,10 @@ class RowEncoder:
             metadata={SCHEMA_TAG: CODEC_VERSION},
         )
 
-    def fit(self, rows: Sequence[dict[str, Any]]) -> bool:
+    def fit(self, rows: Sequence[Mapping[str, object]]) -> bool:
         """Widen the layout so that `rows` fit; return whether it changed."""
         changed = False
-        seen: dict[str, list[Any]] = {}
+        seen: dict[str, list[object]] = {}
         for row in rows:
             for name, value in row.items():
                 seen.setdefault(name, []).append(value)
@@ -176,9 +174,9 @@ class RowEncoder:
                 changed = True
         return changed
 
-    def encode(self, rows: Sequence[dict[str, Any]]) -> pa.RecordBatch:
+    def encode(self, rows: Sequence[Mapping[str, object]]) -> pa.RecordBatch:
         """One record batch of `rows`; raises `LayoutChange` when a row does not fit the layout."""
-        columns: dict[str, list[Any]] = {name: [_ABSENT] * len(rows) for name in self._layouts}
+        columns: dict[str, list[object]] = {name: [_ABSENT] * len(rows) for name in self._layouts}
         for index, row in enumerate(rows):
             for name, value in row.items():
                 column = columns.get(name)
@@ -199,10 +197,10 @@ class RowEncoder:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
-_ABSENT: Any = object()
+_ABSENT = object()
 
 
-def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
+def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[dict[str, object]]:
     """Sample dicts of a batch read from a cache dataset (or plain rows of any other Arrow batch).
 
     Works on any projection of the columns, since each column carries its own layout.
@@ -211,7 +209,7 @@ def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
         return list(batch.to_pylist())
     layouts = layout_of(batch.schema)
     names = list(layouts)
-    columns: list[list[Any]] = []
+    columns: list[list[object]] = []
     has_nulls = False
     for position, name in enumerate(names):
         array = batch.column(position)
@@ -224,13 +222,13 @@ def decode_batch(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
         return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
     # A null is an absent field; a stored None is tagged bytes, so it is not confused with one.
     raw_nulls = [batch.column(i).is_null().to_pylist() for i in range(len(names))]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for index in range(batch.num_rows):
         rows.append({name: columns[c][index] for c, name in enumerate(names) if not raw_nulls[c][index]})
     return rows
 
 
-def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterable[dict[str, Any]]:
+def decode_batches(batches: Iterable[pa.RecordBatch]) -> Iterable[dict[str, object]]:
     """Sample dicts of a stream of batches, in order."""
     for batch in batches:
         yield from decode_batch(batch)

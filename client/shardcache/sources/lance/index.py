@@ -23,13 +23,19 @@ import logging
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from shardcache.errors import CacheError, InvalidPredicate
 from shardcache.sources.lance.rows import ROW_ADDRESS, positions
-from shardcache.sources.lance.store import IndexEntry, Reusable, dataset_identity
+from shardcache.sources.lance.store import IndexEntry, Manifest, Reusable, dataset_identity
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from lance import LanceDataset
+    from lance.fragment import LanceFragment
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +48,39 @@ _KEYS_FILE = "keys.arrow"
 _BUCKET_KEYS = 4096  # keys per bucket of a reference index, on average
 _ROW_BITS = 40  # a reference row is stored as dataset << 40 | row
 
+Positions = npt.NDArray[np.int64]  # sorted `take` positions of one dataset
+
+
+class _PartMeta(TypedDict):
+    count: int
+    fragments: list[int]
+
+
+class _Part(TypedDict):
+    name: str
+    files: list[str]
+    metadata: _PartMeta
+
+
+class FilterMetadata(TypedDict):
+    """A filter entry's manifest metadata."""
+
+    parts: list[_Part]
+    deleted_rows: bool
+
+
+class RefMetadata(TypedDict):
+    """A reference entry's manifest metadata."""
+
+    count: int
+    key_column: str
+    bucket_offsets: list[int]
+
 
 # --- filter index ------------------------------------------------------------------------------------
 
 
-def _plan_parts(ds: Any) -> tuple[list[list[Any]], dict[int, int], bool]:
+def _plan_parts(ds: LanceDataset) -> tuple[list[list[LanceFragment]], dict[int, int], bool]:
     """The fragments of each part, the first position of every fragment, and whether rows were deleted."""
     fragments = list(ds.get_fragments())
     deleted = any(f.metadata.deletion_file is not None for f in fragments)
@@ -67,7 +101,9 @@ def _plan_parts(ds: Any) -> tuple[list[list[Any]], dict[int, int], bool]:
     return parts, bases, False
 
 
-def _matches(ds: Any, uri: str, predicate: str, fragments: list[Any] | None) -> Any:
+def _matches(
+    ds: LanceDataset, uri: str, predicate: str, fragments: list[LanceFragment] | None
+) -> npt.NDArray[np.uint64]:
     """The row addresses of `fragments` (None: the whole dataset) matching `predicate`."""
     try:
         scanner = ds.scanner(
@@ -75,7 +111,7 @@ def _matches(ds: Any, uri: str, predicate: str, fragments: list[Any] | None) -> 
             columns=[],
             with_row_address=True,
             use_scalar_index=True,  # an OR of indexed predicates stays indexed when each is scanned alone
-            **({} if fragments is None else {"fragments": fragments}),
+            fragments=fragments,  # None: every fragment
         )
         return np.asarray(scanner.to_table()[ROW_ADDRESS].to_numpy(), dtype=np.uint64)
     except (ValueError, OSError) as exc:  # lance's error for a bad predicate (type varies)
@@ -85,8 +121,12 @@ def _matches(ds: Any, uri: str, predicate: str, fragments: list[Any] | None) -> 
 
 
 def _part_rows(
-    ds: Any, uri: str, groups: Sequence[Sequence[str]], fragments: list[Any] | None, bases: dict[int, int]
-) -> Any:
+    ds: LanceDataset,
+    uri: str,
+    groups: Sequence[Sequence[str]],
+    fragments: list[LanceFragment] | None,
+    bases: dict[int, int],
+) -> Positions:
     """The sorted positions of `fragments` (None: every fragment) matching every group (one scan per
     predicate)."""
     kept = None
@@ -106,8 +146,8 @@ def _part_rows(
 
 
 def _build_filter(
-    ds: Any, uri: str, groups: Sequence[Sequence[str]], tmp: Path, old: Reusable | None
-) -> dict[str, Any]:
+    ds: LanceDataset, uri: str, groups: Sequence[Sequence[str]], tmp: Path, old: Reusable | None
+) -> FilterMetadata:
     parts, bases, deleted = _plan_parts(ds)
     if not parts:
         # No fragment, no row; the predicates are still checked against the schema (as mvp-dataset does).
@@ -122,7 +162,7 @@ def _build_filter(
         # A fresh build scans each predicate once over the whole dataset (fewer, larger scans) and cuts the
         # result at the parts' first rows; a repair below scans only the fragments of the parts it lost.
         whole = _part_rows(ds, uri, groups, None, bases)
-    listed = []
+    listed: list[_Part] = []
     for k, fragments in enumerate(parts):
         file = files[k]
         if not kept[k]:
@@ -139,16 +179,16 @@ def _build_filter(
             rows.astype("<i8").tofile(tmp / file)
         count = (tmp / file).stat().st_size // 8
         fragment_ids = [int(f.fragment_id) for f in fragments]
-        meta = {"count": count, "fragments": fragment_ids}
+        meta: _PartMeta = {"count": count, "fragments": fragment_ids}
         listed.append({"name": file.removesuffix(".i64"), "files": [file], "metadata": meta})
     return {"parts": listed, "deleted_rows": deleted}
 
 
-def _read_filter(entry: IndexEntry, manifest: dict[str, Any], num_rows: int) -> Any | None:
+def _read_filter(entry: IndexEntry, manifest: Manifest, num_rows: int) -> Positions | None:
     """The positions an entry holds, or None when any part fails its checks (then it is rebuilt)."""
     pieces = []
     try:
-        for part in manifest["metadata"]["parts"]:
+        for part in cast(FilterMetadata, manifest["metadata"])["parts"]:
             data = entry.read_checked(manifest, part["files"][0])
             if data is None or len(data) != 8 * part["metadata"]["count"]:
                 return None
@@ -162,7 +202,7 @@ def _read_filter(entry: IndexEntry, manifest: dict[str, Any], num_rows: int) -> 
     return rows
 
 
-def filter_positions(ds: Any, uri: str, groups: Sequence[Sequence[str]], num_rows: int) -> Any:
+def filter_positions(ds: LanceDataset, uri: str, groups: Sequence[Sequence[str]], num_rows: int) -> Positions:
     """The sorted positions of dataset `ds` (opened at its pinned version) matching the filter `groups`:
     read from the persistent filter index, built first if no valid one exists."""
     source = [dataset_identity(uri, int(ds.version), num_rows)]
@@ -170,7 +210,7 @@ def filter_positions(ds: Any, uri: str, groups: Sequence[Sequence[str]], num_row
         source, FILTER_KIND, FORMAT_VERSION, {"predicate_groups": [list(g) for g in groups]}
     )
 
-    def build(tmp: Path, old: Reusable | None) -> dict[str, Any]:
+    def build(tmp: Path, old: Reusable | None) -> FilterMetadata:
         return _build_filter(ds, uri, groups, tmp, old)
 
     rows = _read_filter(entry, entry.ensure(build), num_rows)
@@ -184,10 +224,12 @@ def filter_positions(ds: Any, uri: str, groups: Sequence[Sequence[str]], num_row
 # --- reference index ---------------------------------------------------------------------------------
 
 
-def _scan_keys(datasets: Sequence[Any], key_column: str) -> tuple[list[Any], list[int], list[int], Any]:
+def _scan_keys(
+    datasets: Sequence[LanceDataset], key_column: str
+) -> tuple[list[object], list[int], list[int], pa.DataType]:
     """Each key's first (dataset, row), in the datasets' order, and the key column's Arrow type."""
-    seen: dict[Any, None] = {}
-    keys: list[Any] = []
+    seen: dict[object, None] = {}
+    keys: list[object] = []
     owners: list[int] = []
     rows: list[int] = []
     key_type = None
@@ -205,14 +247,14 @@ def _scan_keys(datasets: Sequence[Any], key_column: str) -> tuple[list[Any], lis
     return keys, owners, rows, key_type
 
 
-def _bucket_of(key: Any, buckets: int) -> int:
+def _bucket_of(key: object, buckets: int) -> int:
     # A hash stable across processes (Python's hash() of a str is salted). str() makes an int key and a
     # numpy integer key of a sample land in one bucket, as they were equal keys of a dict.
     data = key if isinstance(key, bytes) else str(key).encode()
     return zlib.crc32(data) % buckets
 
 
-def _build_refs(datasets: Sequence[Any], key_column: str, tmp: Path) -> dict[str, Any]:
+def _build_refs(datasets: Sequence[LanceDataset], key_column: str, tmp: Path) -> RefMetadata:
     import pyarrow as pa
 
     keys, owners, rows, key_type = _scan_keys(datasets, key_column)
@@ -227,17 +269,17 @@ def _build_refs(datasets: Sequence[Any], key_column: str, tmp: Path) -> dict[str
     return {"count": len(keys), "key_column": key_column, "bucket_offsets": offsets}
 
 
-class RefRows(Mapping[Any, tuple[int, int]]):
+class RefRows(Mapping[object, tuple[int, int]]):
     """key -> (dataset, row) over a read reference index: the keys are hashed into buckets of about 4096,
     and a bucket's dict is made on its first lookup, so a reader pays for the keys its samples use (a
     dict of every key costs about as much as scanning a local key column again)."""
 
-    def __init__(self, table: Any, offsets: Sequence[int]) -> None:
+    def __init__(self, table: pa.Table, offsets: Sequence[int]) -> None:
         self._table = table
         self._offsets = list(offsets)
-        self._buckets: dict[int, dict[Any, int]] = {}
+        self._buckets: dict[int, dict[object, int]] = {}
 
-    def _bucket(self, key: Any) -> dict[Any, int]:
+    def _bucket(self, key: object) -> dict[object, int]:
         b = _bucket_of(key, len(self._offsets) - 1)
         found = self._buckets.get(b)
         if found is None:
@@ -247,7 +289,7 @@ class RefRows(Mapping[Any, tuple[int, int]]):
             self._buckets[b] = found
         return found
 
-    def __getitem__(self, key: Any) -> tuple[int, int]:
+    def __getitem__(self, key: object) -> tuple[int, int]:
         where = self._bucket(key)[key]
         return where >> _ROW_BITS, where & ((1 << _ROW_BITS) - 1)
 
@@ -257,11 +299,11 @@ class RefRows(Mapping[Any, tuple[int, int]]):
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return iter(self._table.column("key").to_pylist())
 
 
-def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> RefRows | None:
+def _read_refs(entry: IndexEntry, manifest: Manifest) -> RefRows | None:
     import pyarrow as pa
 
     data = entry.read_checked(manifest, _KEYS_FILE)
@@ -269,7 +311,7 @@ def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> RefRows | None:
         return None
     try:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-        offsets = manifest["metadata"]["bucket_offsets"]
+        offsets = cast(RefMetadata, manifest["metadata"])["bucket_offsets"]
     except (pa.ArrowInvalid, OSError, KeyError, TypeError):
         return None
     if len(offsets) < 2 or offsets[-1] != table.num_rows:
@@ -277,7 +319,7 @@ def _read_refs(entry: IndexEntry, manifest: dict[str, Any]) -> RefRows | None:
     return RefRows(table, offsets)
 
 
-def ref_rows(datasets: Sequence[Any], uris: Sequence[str], key_column: str) -> RefRows:
+def ref_rows(datasets: Sequence[LanceDataset], uris: Sequence[str], key_column: str) -> RefRows:
     """key -> (dataset, row) of the reference `datasets` (opened at their pinned versions), from the
     persistent reference index, built first if no valid one exists."""
     source = [
@@ -285,7 +327,7 @@ def ref_rows(datasets: Sequence[Any], uris: Sequence[str], key_column: str) -> R
     ]
     entry = IndexEntry.under_cache(source, REF_KIND, FORMAT_VERSION, {"key_column": key_column})
 
-    def build(tmp: Path, old: Reusable | None) -> dict[str, Any]:
+    def build(tmp: Path, old: Reusable | None) -> RefMetadata:
         return _build_refs(datasets, key_column, tmp)  # one file: nothing of a broken entry to reuse
 
     found = _read_refs(entry, entry.ensure(build))

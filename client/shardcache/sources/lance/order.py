@@ -17,11 +17,12 @@ numpy is imported inside the functions: `import shardcache` must not need it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from shardcache.errors import ConfigError, positive_int
 from shardcache.sources.deal.order import permutation
@@ -45,14 +46,17 @@ class ChunkShuffle:
 
 DEFAULT_CHUNK_SHUFFLE = ChunkShuffle()
 
+# Positions 0..n-1 in a reading order: as they come (range), permuted (list), chunk-shuffled (numpy).
+RowOrder: TypeAlias = "range | list[int] | npt.NDArray[np.int64]"
 
-def check_read_batch_size(options: Mapping[str, Any]) -> None:
+
+def check_read_batch_size(options: Mapping[str, object]) -> None:
     """`read_batch_size`: rows per Lance read call, a positive integer (mvp-dataset's default is 1024)."""
     if "read_batch_size" in options:
         positive_int("read_batch_size", options["read_batch_size"])
 
 
-def resolve_chunk_shuffle(value: Any) -> ChunkShuffle:
+def resolve_chunk_shuffle(value: object) -> ChunkShuffle:
     """`chunk_shuffle=` (None or a dict of chunk_size, k, row_order) as a ChunkShuffle; ConfigError if bad."""
     if value is None:
         return DEFAULT_CHUNK_SHUFFLE
@@ -80,7 +84,7 @@ def resolve_chunk_shuffle(value: Any) -> ChunkShuffle:
     )
 
 
-def check_chunk_shuffle(options: Mapping[str, Any]) -> None:
+def check_chunk_shuffle(options: Mapping[str, object]) -> None:
     """`chunk_shuffle` is valid and, unless None, only given with shuffle_mode="chunk" (as in mvp-dataset)."""
     value = options.get("chunk_shuffle")
     if value is None:
@@ -94,13 +98,15 @@ def check_chunk_shuffle(options: Mapping[str, Any]) -> None:
     resolve_chunk_shuffle(value)
 
 
-def _rng(seed: int, epoch: int, round_index: int, salt: str) -> Any:
+def _rng(seed: int, epoch: int, round_index: int, salt: str) -> np.random.Generator:
     # A stable 128-bit seed from the inputs (Python's hash() is salted per process).
     text = f"shardcache:lance-chunk:{seed}:{epoch}:{round_index}:{salt}".encode()
     return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:16], "little"))
 
 
-def chunk_order(n: int, config: ChunkShuffle, seed: int, epoch: int, round_index: int) -> Any:
+def chunk_order(
+    n: int, config: ChunkShuffle, seed: int, epoch: int, round_index: int
+) -> npt.NDArray[np.int64]:
     """Positions 0..n-1 in chunk-shuffle order for (seed, epoch, round): an int64 numpy array."""
     size = config.chunk_size
     chunks = -(-n // size)
@@ -121,8 +127,8 @@ def chunk_order(n: int, config: ChunkShuffle, seed: int, epoch: int, round_index
 
 
 def row_sequence(
-    mode: str, n: int, chunk_shuffle: Any, seed: int, epoch: int, round_index: int = 0
-) -> Sequence[int] | Any:
+    mode: str, n: int, chunk_shuffle: object, seed: int, epoch: int, round_index: int = 0
+) -> RowOrder:
     """Positions 0..n-1 in the order `mode` reads them in (seed, epoch, round) before slots are dealt
     (`chunk_shuffle`: the option's value, for mode "chunk")."""
     if mode == "none":
@@ -133,7 +139,7 @@ def row_sequence(
     return permutation(n, seed, epoch, round_index)
 
 
-def fingerprint_neutral(name: str, value: Any) -> bool:
+def fingerprint_neutral(name: str, value: object) -> bool:
     """Lance options that never change which rows come or their order (kept out of fingerprints)."""
     if name == "read_batch_size":
         return True
@@ -142,7 +148,7 @@ def fingerprint_neutral(name: str, value: Any) -> bool:
     return False
 
 
-def shown(name: str, value: Any) -> str | None:
+def shown(name: str, value: object) -> str | None:
     """How a fingerprint spells a lance option whose value has several spellings, else None."""
     if name == "chunk_shuffle" and value is not None:
         return resolve_chunk_shuffle(value).describe()

@@ -26,11 +26,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardcache.errors import ConfigError
 from shardcache.sources.lance.access import lance_module, storage_options_for
 from shardcache.sources.lance.index import ref_rows
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
 
 BUILD_STRATEGIES = ("auto", "in_memory", "bucketed")
 
@@ -59,7 +62,7 @@ class RefColumn:
         return replace(self, versions=versions)
 
 
-def parse_ref_columns(value: Any) -> tuple[RefColumn, ...]:
+def parse_ref_columns(value: object) -> tuple[RefColumn, ...]:
     """`ref_columns=` as RefColumns (None: none); ConfigError naming the entry that is wrong."""
     if value is None:
         return ()
@@ -94,7 +97,7 @@ def parse_ref_columns(value: Any) -> tuple[RefColumn, ...]:
     return tuple(refs)
 
 
-def check_index(index: Any) -> None:
+def check_index(index: object) -> None:
     """`resolve_ref(index=...)`: None or a dict of build_strategy and bucket_count, as mvp-dataset takes."""
     if index is None:
         return
@@ -126,10 +129,10 @@ class RefTable:
     def __init__(self, ref: RefColumn, storage_options: Mapping[str, str] | None) -> None:
         self.ref = ref
         self.storage_options = storage_options
-        self._datasets: list[Any] = []
-        self._rows: Mapping[Any, tuple[int, int]] | None = None
+        self._datasets: list[LanceDataset] = []
+        self._rows: Mapping[object, tuple[int, int]] | None = None
 
-    def _load(self) -> Mapping[Any, tuple[int, int]]:
+    def _load(self) -> Mapping[object, tuple[int, int]]:
         if self._rows is None:
             lance = lance_module()
             versions = self.ref.versions or (None,) * len(self.ref.uris)
@@ -142,12 +145,12 @@ class RefTable:
             self._rows = ref_rows(self._datasets, self.ref.uris, self.ref.key_column)
         return self._rows
 
-    def values(self, keys: Sequence[Any]) -> list[Any]:
+    def values(self, keys: Sequence[object]) -> list[object]:
         """The value of each key (None for a key with no row), one `take` per dataset."""
         rows = self._load()
         # One lookup per key (get): the index hashes a key to its bucket on each lookup.
         found = {key: row for key in set(keys) if key is not None and (row := rows.get(key)) is not None}
-        value: dict[Any, Any] = {}
+        value: dict[object, object] = {}
         for d, ds in enumerate(self._datasets):
             wanted = [(key, local) for key, (owner, local) in found.items() if owner == d]
             if wanted:
@@ -157,9 +160,9 @@ class RefTable:
         return [value.get(key) for key in keys]
 
 
-def _targets(batch: Sequence[Any]) -> list[dict[str, Any]]:
+def _targets(batch: Sequence[object]) -> list[dict[str, object]]:
     """The sample dicts of a read-ahead (a list sample, e.g. after `.batch()`, contributes each item)."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for item in batch:
         items = item if isinstance(item, list) else [item]
         for sample in items:
@@ -171,16 +174,17 @@ def _targets(batch: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def resolve_batch(tables: Sequence[RefTable], batch: Sequence[Any]) -> None:
+def resolve_batch(tables: Sequence[RefTable], batch: Sequence[object]) -> None:
     """Replace the reference columns of every sample of `batch` by their values, in place."""
     samples = _targets(batch)
     for table in tables:
         column = table.ref.column
         if any(column not in s for s in samples):
             raise ConfigError(f"resolve_ref: a sample has no column {column!r} (dropped by select()?)")
-        keys: list[Any] = []
+        keys: list[object] = []
         for s in samples:
-            keys.extend(s[column] if isinstance(s[column], (list, tuple)) else [s[column]])
+            key = s[column]
+            keys.extend(key if isinstance(key, (list, tuple)) else [key])
         values = iter(table.values(keys))
         for s in samples:
             key = s[column]

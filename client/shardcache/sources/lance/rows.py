@@ -17,14 +17,21 @@ samples that were written.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
 
 ROW_ADDRESS = "_rowaddr"
 
+# A sample as a Lance row holds it: field name -> value (user data, passed on as read, never inspected).
+Row = dict[str, object]
 
-def positions(ds: Any, addresses: Any) -> Any:
+
+def positions(ds: LanceDataset, addresses: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Row addresses (fragment id << 32 | offset) as the positions `take` uses (rows after deletions)."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     fragments = ds.get_fragments()
@@ -45,14 +52,14 @@ def positions(ds: Any, addresses: Any) -> Any:
 class LanceRows:
     """Reads rows of a source's datasets by global index, range or fragment, with their metadata."""
 
-    def __init__(self, datasets: Sequence[Any], uris: Sequence[str], metadata: bool = True) -> None:
+    def __init__(self, datasets: Sequence[LanceDataset], uris: Sequence[str], metadata: bool = True) -> None:
         self.datasets = list(datasets)
         self.uris = list(uris)
         self.sizes = [int(ds.count_rows()) for ds in self.datasets]
         self.starts = [sum(self.sizes[:d]) for d in range(len(self.sizes))]
         self.metadata = metadata
 
-    def _tag(self, rows: list[dict[str, Any]], d: int, locals_: Sequence[int]) -> list[dict[str, Any]]:
+    def _tag(self, rows: list[Row], d: int, locals_: Sequence[int] | npt.NDArray[np.int64]) -> list[Row]:
         if not self.metadata:
             return rows
         uri, start = self.uris[d], self.starts[d]
@@ -64,7 +71,7 @@ class LanceRows:
             row.setdefault("__key__", f"{uri}:{local}")
         return rows
 
-    def take(self, rows: Sequence[int], cols: list[str] | None, read_batch: int) -> Iterator[dict[str, Any]]:
+    def take(self, rows: Sequence[int], cols: list[str] | None, read_batch: int) -> Iterator[Row]:
         """The rows at global indexes `rows`, in that order, `read_batch` rows per Lance read call."""
         from shardcache.sources.lance.codec import decode_batch
 
@@ -72,7 +79,7 @@ class LanceRows:
         for first in range(0, len(rows), read_batch):
             group = np.asarray(rows[first : first + read_batch], dtype=np.int64)
             owner = np.searchsorted(starts, group, side="right") - 1
-            out: list[dict[str, Any] | None] = [None] * len(group)
+            out: list[Row | None] = [None] * len(group)
             # One take per dataset in the group, then the rows are put back in the planned order.
             for d in np.unique(owner):
                 where = np.flatnonzero(owner == d)
@@ -84,9 +91,7 @@ class LanceRows:
                 assert taken is not None
                 yield taken
 
-    def scan(
-        self, d: int, offset: int, count: int, cols: list[str] | None, read_batch: int
-    ) -> Iterator[dict[str, Any]]:
+    def scan(self, d: int, offset: int, count: int, cols: list[str] | None, read_batch: int) -> Iterator[Row]:
         """`count` rows of dataset d from `offset` on, in order."""
         from shardcache.sources.lance.codec import decode_batch
 
@@ -98,16 +103,14 @@ class LanceRows:
             yield from self._tag(decode_batch(rb), d, range(local, local + rb.num_rows))
             local += rb.num_rows
 
-    def scan_fragment(
-        self, d: int, fragment: int, cols: list[str] | None, read_batch: int
-    ) -> Iterator[dict[str, Any]]:
+    def scan_fragment(self, d: int, fragment: int, cols: list[str] | None, read_batch: int) -> Iterator[Row]:
         """Every row of one fragment of dataset d, in the order Lance scans it (not deterministic)."""
         from shardcache.sources.lance.codec import decode_batch
 
         ds = self.datasets[d]
         scanner = ds.scanner(
             columns=cols,
-            fragments=[ds.get_fragment(fragment)],
+            fragments=[ds.get_fragment(fragment)],  # type: ignore[list-item]  # planned ids exist
             scan_in_order=False,
             batch_size=read_batch,
             with_row_address=self.metadata,  # the rows' indexes come from their addresses
@@ -125,7 +128,7 @@ class LanceRows:
             yield from self._tag(decode_batch(rb.drop_columns([ROW_ADDRESS])), d, locals_)
 
     @staticmethod
-    def _fragment_base(ds: Any, fragment: int) -> int | None:
+    def _fragment_base(ds: LanceDataset, fragment: int) -> int | None:
         """The index of the fragment's first row when no fragment has deletions (else None: see positions)."""
         base = 0
         for f in ds.get_fragments():

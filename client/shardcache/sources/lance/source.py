@@ -34,7 +34,7 @@ import itertools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,10 +42,10 @@ from shardcache.errors import ConfigError
 from shardcache.sources.base import SourceNode
 from shardcache.sources.deal.partition import Unit
 from shardcache.sources.deal.schedule import slot_order
-from shardcache.sources.deal.subset import select_rows
+from shardcache.sources.deal.subset import SplitOrder, select_rows
 from shardcache.sources.kinds import SourceKind
 from shardcache.sources.lance.access import lance_module, storage_options_for
-from shardcache.sources.lance.index import filter_positions
+from shardcache.sources.lance.index import Positions, filter_positions
 from shardcache.sources.lance.order import (
     SHUFFLE_MODES,
     check_chunk_shuffle,
@@ -55,14 +55,20 @@ from shardcache.sources.lance.order import (
     shown,
 )
 from shardcache.sources.lance.refs import parse_ref_columns
-from shardcache.sources.lance.rows import LanceRows
+from shardcache.sources.lance.rows import LanceRows, Row
 from shardcache.sources.options import SourceOptions
-from shardcache.sources.spec import DEFAULT_BATCH_ROWS, check_columns_and_batch_size
+from shardcache.sources.spec import DEFAULT_BATCH_ROWS, SourceSpec, check_columns_and_batch_size
+
+if TYPE_CHECKING:
+    from lance import LanceDataset
+
+    from shardcache.context import RuntimeContext
+    from shardcache.sources.deal.counting import RunFacts
 
 logger = logging.getLogger(__name__)
 
 
-def check_options(options: dict[str, Any]) -> None:
+def check_options(options: Mapping[str, object]) -> None:
     """Validate the lance keyword arguments."""
     mode = options.get("shuffle_mode", "none")
     if mode not in SHUFFLE_MODES:
@@ -78,7 +84,7 @@ def check_options(options: dict[str, Any]) -> None:
     parse_ref_columns(options.get("ref_columns"))  # resolved by Dataset.resolve_ref (sources.lance.refs)
 
 
-def check_storage_options(value: Any) -> None:
+def check_storage_options(value: object) -> None:
     """`storage_options`: Lance's object-store settings, a dict of strings (None: from the environment)."""
     if value is None:
         return
@@ -91,7 +97,7 @@ def check_storage_options(value: Any) -> None:
         )
 
 
-def check_daemon(daemon: Any) -> None:
+def check_daemon(daemon: object) -> None:
     """Refuse `daemon="required"`: Lance reads its own data files, not through the node daemon."""
     if daemon == "required" or getattr(daemon, "required", False) is True:
         raise ConfigError(
@@ -104,11 +110,15 @@ def check_daemon(daemon: Any) -> None:
 # AWS environment variables (as the daemon, s3fs and boto read them) -> Lance's storage option names.
 
 
-def check_filter(value: Any) -> None:
+def check_filter(value: object) -> None:
     """`hints.filter`: groups (ANDed, one per `filter()` call) of Lance SQL predicates (ORed)."""
-    ok = isinstance(value, tuple) and bool(value)
-    ok = ok and all(
-        isinstance(alt, tuple) and alt and all(isinstance(p, str) and p.strip() for p in alt) for alt in value
+    ok = (
+        isinstance(value, tuple)
+        and bool(value)
+        and all(
+            isinstance(alt, tuple) and alt and all(isinstance(p, str) and p.strip() for p in alt)
+            for alt in value
+        )
     )
     if not ok:
         raise ConfigError(
@@ -134,9 +144,9 @@ class LanceOptions(SourceOptions):
     batch_size: int = DEFAULT_BATCH_ROWS
     read_batch_size: int | None = None  # None: batch_size
     shuffle_mode: str = "none"
-    chunk_shuffle: Mapping[str, Any] | None = None
+    chunk_shuffle: Mapping[str, object] | None = None
     storage_options: Mapping[str, str] | None = None
-    ref_columns: Any = None  # parsed by sources.lance.refs for Dataset.resolve_ref
+    ref_columns: object = None  # parsed by sources.lance.refs for Dataset.resolve_ref
 
 
 class LanceSource(SourceNode):
@@ -145,9 +155,9 @@ class LanceSource(SourceNode):
     options_class = LanceOptions
     options: LanceOptions
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._datasets: list[Any] = []
+    def __init__(self, spec: SourceSpec, ctx: RuntimeContext, facts: RunFacts | None = None) -> None:
+        super().__init__(spec, ctx, facts)
+        self._datasets: list[LanceDataset] = []
         self._chunks: list[Unit] = []
 
     def units(self) -> list[Unit]:
@@ -241,7 +251,7 @@ class LanceSource(SourceNode):
         n = sum(self._sizes) if space is None else len(space)
         # "random_scan" reads as "global" here: its fragment-sized units cannot be cut evenly.
         mode = "global" if self.mode == "random_scan" else self.mode
-        sequence: Any = row_sequence(mode, n, self.options.chunk_shuffle, self.ctx.seed, self.epoch)
+        sequence = row_sequence(mode, n, self.options.chunk_shuffle, self.ctx.seed, self.epoch)
         ranks, workers = self.ctx.dp_size, self.ctx.num_workers
         per_rank = n // ranks if even == "drop" else -(-n // ranks)
         rank, worker = self.ctx.dp_rank, self.ctx.worker_id
@@ -254,7 +264,7 @@ class LanceSource(SourceNode):
             real = None if i + len(rows) <= n else max(0, n - i)
             units.append(LanceChunk(self.spec.shards[0], rows=rows, count=len(rows), offset=-1, real=real))
 
-    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[dict[str, Any]]:
+    def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Row]:
         if self.partitioning.even == "pad":
             assert isinstance(unit, LanceChunk)
             real = unit.count or 0 if unit.real is None else unit.real
@@ -264,7 +274,7 @@ class LanceSource(SourceNode):
             return
         yield from self._read(unit, start)
 
-    def _read(self, unit: Unit, start: int) -> Iterator[dict[str, Any]]:
+    def _read(self, unit: Unit, start: int) -> Iterator[Row]:
         assert isinstance(unit, LanceChunk)
         columns = self.options.columns
         cols = list(columns) if columns is not None else None
@@ -280,7 +290,7 @@ class LanceSource(SourceNode):
         count = (unit.count or 0) - start
         yield from self._rows.scan(unit.dataset, unit.offset + start, count, cols, read_batch)
 
-    def _row_space(self) -> Any:
+    def _row_space(self) -> Positions | None:
         """The global row positions this source reads (filter, then subset), or None for every row."""
         groups = self.spec.hints.filter
         subset = self.spec.hints.subset
@@ -298,7 +308,7 @@ class LanceSource(SourceNode):
             space = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
         return space[select_rows(len(space), subset, self._split_order())] if subset else space
 
-    def _split_order(self) -> Any:
+    def _split_order(self) -> SplitOrder | None:
         """The order a split cuts its windows from: None (source order) unless the source shuffles.
 
         As in mvp-dataset, a split of a shuffled source follows the source's seed ("source-level shuffle
@@ -315,7 +325,7 @@ class LanceSource(SourceNode):
         return lambda n: np.asarray(row_sequence(order_mode, n, chunking, seed, 0, 0), dtype=np.int64)
 
 
-def _order_neutral(name: str, value: Any) -> bool:
+def _order_neutral(name: str, value: object) -> bool:
     # ref_columns say how resolve_ref() resolves, not what the source reads: the resolve_ref stage's own
     # description carries the references it resolves.
     return name == "ref_columns" or fingerprint_neutral(name, value)

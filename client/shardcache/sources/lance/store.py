@@ -38,11 +38,12 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from urllib.parse import unquote, urlsplit
 
 from shardcache import envvars
 from shardcache.durable import FileLock, publish
+from shardcache.node import JSONObject, JSONValue
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +71,17 @@ def _manifest_digest(root: Path, version: int) -> str | None:
     return None
 
 
-def dataset_identity(uri: str, version: int, num_rows: int) -> dict[str, Any]:
+def dataset_identity(uri: str, version: int, num_rows: int) -> JSONObject:
     """One dataset as a source fingerprint names it (no absolute path: see the module docstring)."""
     root = local_path(uri)
-    identity: dict[str, Any] = {"uri": uri if root is None else root.name, "version": int(version)}
+    identity: JSONObject = {"uri": uri if root is None else root.name, "version": int(version)}
     identity["num_rows"] = int(num_rows)
     if root is not None:
         identity["manifest_sha256"] = _manifest_digest(root, int(version))
     return identity
 
 
-def digest(payload: Any) -> str:
+def digest(payload: object) -> str:
     """A stable 32-hex-digit hash of a JSON-able payload."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -107,8 +108,26 @@ class Reusable:
         return True
 
 
+class FileMeta(TypedDict):
+    """What a manifest records of each file of an entry."""
+
+    size: int
+    crc32: int
+
+
+class Manifest(TypedDict):
+    """manifest.json of an entry; `metadata` is the kind's own (each kind's reader names its shape)."""
+
+    kind: str
+    format_version: int
+    source: list[JSONObject]
+    parameters: dict[str, JSONValue]
+    files: dict[str, FileMeta]
+    metadata: Mapping[str, object]
+
+
 # build(tmp folder, reusable files of a broken entry or None) -> the kind's metadata; it writes files there.
-Build = Callable[[Path, Reusable | None], dict[str, Any]]
+Build = Callable[[Path, Reusable | None], Mapping[str, object]]
 
 
 @dataclass(frozen=True)
@@ -116,14 +135,14 @@ class IndexEntry:
     """One artifact: where it lives and what identifies it."""
 
     root: Path
-    source: Sequence[Mapping[str, Any]]  # dataset_identity of each dataset, in order
+    source: Sequence[JSONObject]  # dataset_identity of each dataset, in order
     kind: str  # e.g. "lance-filter-index"
     format_version: int
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, JSONValue]
 
     @classmethod
     def under_cache(
-        cls, source: Sequence[Mapping[str, Any]], kind: str, version: int, parameters: Mapping[str, Any]
+        cls, source: Sequence[JSONObject], kind: str, version: int, parameters: Mapping[str, JSONValue]
     ) -> IndexEntry:
         """The entry under the cache root the environment names (read when the index is needed)."""
         return cls(envvars.cache_root(), tuple(source), kind, version, parameters)
@@ -141,13 +160,13 @@ class IndexEntry:
     def _label(self) -> str:
         return f"{self.source_fingerprint}-{self.kind}-{self.path.name}"
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self) -> Manifest | None:
         """The manifest of a complete entry whose files all have their recorded sizes, else None."""
         path = self.path
         if not (path / COMPLETE).is_file():
             return None
         try:
-            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+            manifest: Manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
             files = manifest["files"]
             for name, meta in files.items():
                 if (path / name).stat().st_size != meta["size"]:
@@ -157,7 +176,7 @@ class IndexEntry:
             return None
         return manifest if isinstance(manifest, dict) else None
 
-    def read_checked(self, manifest: Mapping[str, Any], name: str) -> bytes | None:
+    def read_checked(self, manifest: Manifest, name: str) -> bytes | None:
         """The bytes of file `name` if they match the size and CRC-32 the manifest recorded, else None."""
         meta = manifest["files"].get(name)
         try:
@@ -169,7 +188,7 @@ class IndexEntry:
             return None
         return data
 
-    def ensure(self, build: Build, *, broken: bool = False) -> dict[str, Any]:
+    def ensure(self, build: Build, *, broken: bool = False) -> Manifest:
         """The manifest of this entry, built (once, whichever process gets the lock first) if needed.
 
         `broken`: the caller found the published entry bad (`read_checked`); it is rebuilt even if `load`
@@ -186,10 +205,10 @@ class IndexEntry:
                 return manifest
             return self._build(build)
 
-    def _all_check(self, manifest: Mapping[str, Any]) -> bool:
+    def _all_check(self, manifest: Manifest) -> bool:
         return all(self.read_checked(manifest, name) is not None for name in manifest["files"])
 
-    def _build(self, build: Build) -> dict[str, Any]:
+    def _build(self, build: Build) -> Manifest:
         tmp_root = self.root / "_tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         for stale in tmp_root.glob(f"{self._label}.*"):  # left by a killed build: we hold the lock now
@@ -200,11 +219,11 @@ class IndexEntry:
             final = self.path
             reusable = self._reusable(final)
             metadata = build(tmp, reusable)
-            files = {}
+            files: dict[str, FileMeta] = {}
             for item in sorted(tmp.iterdir()):
                 data = item.read_bytes()
                 files[item.name] = {"size": len(data), "crc32": zlib.crc32(data)}
-            manifest = {
+            manifest: Manifest = {
                 "kind": self.kind,
                 "format_version": self.format_version,
                 "source": list(self.source),
