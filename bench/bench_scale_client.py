@@ -13,7 +13,8 @@ reader, and is the median of `--repeats` such processes:
   plan of every shard costs the daemon seconds at 10^6, which is the daemon's part of the issue);
 - `load`: `Dataset.load_state_dict` of a state taken after one sample, on a fresh Dataset (median of 5);
 - `uss`: a DataLoader worker's private memory (USS) after its first sample (rank W/2 of W, 2 fork workers,
-  no daemon).
+  no daemon; a plain torch DataLoader, so without TorchLoader's frozen fork, `loader/fork_memory.py`, which
+  matters once a worker runs a full garbage collection).
 
 Ratios are the largest n over the smallest (for W = 1,024, the smallest n >= W), measured in this run
 (the machine is shared and noisy). `--baseline DIR` runs the readers with DIR's client first (e.g. an export

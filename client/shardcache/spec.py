@@ -41,6 +41,11 @@ class ComposedSource(SourceSpec):
     def node(self, ctx: RuntimeContext) -> Node:
         """The root node of one slot."""
 
+    def description_parts(self) -> tuple[str, bytes | None]:
+        # Its own description (a composition's arguments and members), not a shard list's.
+        head, newline, rest = self.describe().partition("\n")
+        return head, rest.encode() if newline else None
+
 
 @dataclass(frozen=True)
 class PipelineSpec:
@@ -57,9 +62,20 @@ class PipelineSpec:
     def fingerprint(self) -> str:
         """A stable hash of the source and stage list (what a resume state must match); memoised per spec,
         since its description lists every shard URL."""
-        return _FINGERPRINTS.get(
-            self, None, lambda: hashlib.sha256(self.describe().encode()).hexdigest()[:32]
-        )
+        return _FINGERPRINTS.get(self, None, self._fingerprint)
+
+    def _fingerprint(self) -> str:
+        # The SHA-256 of `describe()`'s UTF-8, fed in parts: the source's URLs as their buffer, never as
+        # a description of 10^6 lines made (and kept) for it (`SourceSpec.description_parts`).
+        digest = hashlib.sha256()
+        head, rest = self.source.description_parts()
+        digest.update(head.encode())
+        if rest is not None:
+            digest.update(b"\n")
+            digest.update(rest)
+        for stage in self.stages:
+            digest.update(f"\n{stage.describe()}".encode())
+        return digest.hexdigest()[:32]
 
     @property
     def composed(self) -> bool:

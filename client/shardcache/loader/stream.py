@@ -45,6 +45,7 @@ import numpy.random  # noqa: F401
 
 from shardcache.dataset import Dataset
 from shardcache.errors import StateError
+from shardcache.loader.fork_memory import frozen_for_fork
 from shardcache.loader.watchdog import register_worker
 from shardcache.node import Node, State, field
 from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, add_times, timed_collate
@@ -208,11 +209,14 @@ class WorkerLauncher:
         )
         home = self.home
         if home is not None and home.persistent:
-            return iter(home.loader_for(base, order, self.num_workers, self.loader_kwargs))
-        stream = WorkerStream(
-            base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
-        )
-        return iter(_dataloader(stream, self.num_workers, self.loader_kwargs))
+            loader = home.loader_for(base, order, self.num_workers, self.loader_kwargs)
+        else:
+            stream = WorkerStream(
+                base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
+            )
+            loader = _dataloader(stream, self.num_workers, self.loader_kwargs)
+        with frozen_for_fork():  # iter() forks the workers (the first time, when they persist)
+            return iter(loader)
 
 
 def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> Any:

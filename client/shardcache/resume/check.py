@@ -39,26 +39,32 @@ def source_description(description: str) -> str:
     ``mix(argument=value,...) members=N pipelines=<hash>``.
     """
     head, _, urls = description.partition("\n")
+    return _source_short(head, urls.encode())
+
+
+def _source_short(head: str, urls: bytes) -> str:
+    """`source_description` of a description given as its first line and the UTF-8 of the rest (a source's
+    `description_parts`: its URL buffer, hashed without a description made of it)."""
     if head.startswith("{"):
         arguments = json.loads(head)
         options = ",".join(_short(f"{k}={json.dumps(v)}") for k, v in sorted(arguments.items()))
-        members = [m for m in urls.split("\n") if m]
-        digest = hashlib.sha256(urls.encode()).hexdigest()[:12]
+        members = [m for m in urls.decode().split("\n") if m]
+        digest = hashlib.sha256(urls).hexdigest()[:12]
         return f"mix({options}) members={len(members)} pipelines={digest}"
     name, _, rest = head.partition("(")
     args = _split_args(rest[:-1] if rest.endswith(")") else rest)
     options = ",".join(_short(a) for a in args)
-    digest = hashlib.sha256(urls.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(urls).hexdigest()[:12]
     return f"{name}({options}) shards={_lines(urls)} urls={digest}"
 
 
-def _lines(text: str) -> int:
+def _lines(text: bytes) -> int:
     """The non-empty lines of `text`; counted without splitting a list of 10^6 URLs into 10^6 strings."""
     if not text:
         return 0
-    if "\n\n" in text or text.startswith("\n") or text.endswith("\n"):
-        return sum(1 for line in text.split("\n") if line)
-    return text.count("\n") + 1
+    if b"\n\n" in text or text.startswith(b"\n") or text.endswith(b"\n"):
+        return sum(1 for line in text.split(b"\n") if line)
+    return text.count(b"\n") + 1
 
 
 def stage_description(description: str) -> str:
@@ -84,7 +90,8 @@ def short_descriptions(source_description_text: str, stage_descriptions: Sequenc
 
 def pipeline_parts(source: Any, stages: Sequence[Any]) -> list[str]:
     """`short_descriptions` of a Dataset's source and stages: what its states carry as ``"stages"``."""
-    return short_descriptions(source.describe(), [stage.describe() for stage in stages])
+    head, urls = source.description_parts()
+    return [_source_short(head, urls or b""), *(stage_description(stage.describe()) for stage in stages)]
 
 
 _PARTS: IdentityMemo[tuple[str, ...]] = IdentityMemo()

@@ -13,7 +13,7 @@ from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, positive_int
 from shardcache.formatting import callable_name
 from shardcache.memo import IdentityMemo
-from shardcache.shards import ShardRef
+from shardcache.shards import ShardRef, ShardTuple, urls_blob
 from shardcache.sources.deal.schedule import order_neutral, shuffles_units
 from shardcache.sources.kinds import kind_of
 from shardcache.sources.opener import DaemonSetting
@@ -53,6 +53,13 @@ class SourceSpec:
     daemon: DaemonSetting = "auto"
     hints: PlanHints = field(default_factory=PlanHints)
 
+    def __post_init__(self) -> None:
+        # The URL buffer is made here, in the process that builds the spec: DataLoader workers forked
+        # later hash it instead of walking the refs (see `ShardTuple`); a spec made by `replace` keeps it.
+        if not isinstance(self.shards, ShardTuple):
+            object.__setattr__(self, "shards", ShardTuple(self.shards))
+        urls_blob(self.shards)
+
     @property
     def resample(self) -> bool:
         return bool(self.options.get("resample", False))
@@ -67,7 +74,16 @@ class SourceSpec:
         it lists every shard URL, and a resume checks it several times)."""
         return _DESCRIPTIONS.get(self, None, self._describe)
 
+    def description_parts(self) -> tuple[str, bytes | None]:
+        """`describe()` as its first line and the UTF-8 of the rest (None: no rest), without making the
+        description: the rest is the shard list's URL buffer (`ShardTuple.urls_blob`), a hash of which
+        touches no `ShardRef` (the fingerprint, the short description of `resume.check`)."""
+        return self._head(), urls_blob(self.shards)
+
     def _describe(self) -> str:
+        return f"{self._head()}\n{urls_blob(self.shards).decode()}"
+
+    def _head(self) -> str:
 
         def show(value: object, name: str = "") -> str:
             canonical = kind_of(self.kind).shown(name, value)
@@ -87,5 +103,4 @@ class SourceSpec:
             k for k in sorted(given) if k != "storage_options" and not order_neutral(self.kind, k, given[k])
         )
         options = ",".join(f"{k}={show(given[k], k)}" for k in shown)
-        urls = "\n".join(ref.url for ref in self.shards)
-        return f"{self.kind}({options})\n{urls}"
+        return f"{self.kind}({options})"

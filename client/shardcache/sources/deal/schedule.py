@@ -35,9 +35,9 @@ from shardcache import forksafe
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, DaemonRequestError
-from shardcache.jobs import default_job, job_named, shards_hash
+from shardcache.jobs import blob_hash, default_job, job_named
 from shardcache.memo import IdentityMemo
-from shardcache.shards import ShardRef
+from shardcache.shards import ShardRef, urls_blob
 from shardcache.sources.deal.order import order_at
 from shardcache.sources.kinds import kind_of
 
@@ -145,7 +145,7 @@ def source_job(job: str | None, shards: Sequence[ShardRef], seed: int) -> str:
     """
     if job:
         return job
-    digest = _SHARD_HASHES.get(shards, seed, lambda: shards_hash([ref.url for ref in shards], seed))
+    digest = _SHARD_HASHES.get(shards, seed, lambda: blob_hash(urls_blob(shards), len(shards), seed))
     return job_named(digest)
 
 
