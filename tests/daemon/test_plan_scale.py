@@ -85,7 +85,7 @@ def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
     planner = Planner(clock=lambda: 0.0)
     indexer = PlanIndexer(planner, chunk=2, freeze_at=3)
     try:
-        plan = indexer.register(body([f"s3://b/{i}" for i in range(5)]))
+        plan = indexer.register(indexer.settle(body([f"s3://b/{i}" for i in range(5)])))
         assert not any(tracked is plan.urls for tracked in gc.get_objects())  # frozen: never walked
     finally:
         gc.unfreeze()
@@ -93,9 +93,19 @@ def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
 
 def test_a_short_plan_stays_in_the_garbage_collectors_generations() -> None:
     planner = Planner(clock=lambda: 0.0)
-    plan = PlanIndexer(planner, chunk=2, freeze_at=100).register(body(["s3://b/x"]))
+    indexer = PlanIndexer(planner, chunk=2, freeze_at=100)
+    plan = indexer.register(indexer.settle(body(["s3://b/x"])))
     assert gc.get_freeze_count() == 0
     assert gc.is_tracked(plan.urls)
+
+
+def test_an_indexing_step_stops_once_its_budget_is_spent() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    ticks = iter(range(100))
+    indexer = PlanIndexer(planner, chunk=2, budget_s=2, clock=lambda: float(next(ticks)))
+    plan = indexer.register(body([f"u{i}" for i in range(20)]))
+    assert indexer.step()  # the clock read 0 at its start, 1 after the first piece, 2 after the second
+    assert plan.indexed == 2 + 2 * 2
 
 
 def test_retire_stale_drops_plans_and_leaves_their_entries_for_later() -> None:
