@@ -108,6 +108,30 @@ def test_an_indexing_step_stops_once_its_budget_is_spent() -> None:
     assert plan.indexed == 2 + 2 * 2
 
 
+def test_a_dropped_plans_url_list_is_emptied_as_it_is_unindexed() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    plan, _ = planner.begin_plan("j", 0, 0, [f"u{i}" for i in range(10)])
+    planner.index_more(plan, 6)
+    assert planner.drop_plan(plan.id)
+    planner.unindex_more(4)  # the 4 never indexed go first
+    assert plan.urls == ["u0", "u1", "u2", "u3", "u4", "u5"]
+    planner.unindex_more(3)
+    assert plan.urls == ["u0", "u1", "u2"]
+    assert planner.unindex_more(3) and plan.urls == []
+
+
+def test_registering_a_plan_at_once_leaves_the_callers_url_list_alone() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    urls = ["a", "b", "c"]
+    assert planner.delete_plan(planner.add_plan("j", 0, 0, urls))
+    assert urls == ["a", "b", "c"]
+
+
+def test_the_position_index_is_tracked_by_the_collector_from_its_creation() -> None:
+    parts = Planner()._registry.positions._parts
+    assert all(gc.is_tracked(part) for part in parts)  # so a gc.freeze made before any plan covers them
+
+
 def test_retire_stale_drops_plans_and_leaves_their_entries_for_later() -> None:
     now = [0.0]
     planner = Planner(stale_after_s=10, clock=lambda: now[0])
