@@ -45,7 +45,7 @@ from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
 from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.planbody import PlanBody, read_plan, read_prefetch
+from shardcached.planbody import read_plan, read_prefetch
 from shardcached.service import ShardService
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
@@ -125,10 +125,6 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     store = service.store
     listing = ShardListing(store, planner)
     telemetry = ClientTelemetry(service.metrics.registry)
-
-    def read_settled(chunks: list[bytes]) -> PlanBody:
-        """A plan's body read and checked, a long one's objects frozen (in the worker thread: indexing.py)."""
-        return service.indexer.settle(read_plan(chunks, service.allow, max_plan_urls))
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
     async def report_telemetry(body: TelemetryReport) -> Response:
@@ -213,7 +209,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]
-        body = await asyncio.to_thread(read_settled, chunks)
+        body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
         plan = service.indexer.register(body)
         service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY))
         service.plans_changed()

@@ -9,8 +9,8 @@ its first opens advance its cursor at once, and the rest is indexed long before 
 1M-url plan in a few seconds; a reader opens a few shards a second). Deleted and stale plans are dropped
 from the planner at once and their entries removed here afterwards.
 
-The position index is frozen (`gc.freeze`) when this starts, and a long plan's url list in the worker
-thread that read it (`settle`), before any collection can walk it.
+The position index is frozen (`gc.freeze`) when this starts, and a long plan's url lists by the worker
+thread that reads them (planbody.py), before any collection can walk them.
 """
 
 from __future__ import annotations
@@ -30,20 +30,16 @@ logger = logging.getLogger(__name__)
 
 CHUNK = 500  # urls indexed or unindexed at a time (~0.5-2 ms), repeated within a step's budget
 BUDGET_S = 0.004  # the loop's time one step may take, checked between pieces of `CHUNK` urls
-FREEZE_AT = 50_000  # a plan this long moves the live objects out of the garbage collector's generations
 
 
 def _freeze() -> None:
-    """Move every object the collector tracks now into its permanent generation (`gc.freeze`).
+    """Move every object the collector tracks now into its permanent generation (`gc.freeze`, O(1)).
 
-    The position index (url -> plan -> position) holds up to millions of entries, and a new plan's
-    url list is another million-slot container: every collection of their generation walks them (~85-170 ms
-    at 1M urls here, with the GIL: a health check waited 126 ms), and the first two young collections after
-    a registration walked the new url list (~80 ms each at 1M here, one reference per url, each in another
-    cache line). Frozen, no collection walks them again; entries added later are small untracked dicts.
-    `gc.freeze` is O(1) (it splices the generations' lists). Objects freed by reference counting still go
-    at once; what a freeze keeps is cyclic garbage not yet collected at that moment (a young generation's
-    worth), once per long plan registered.
+    Called once the daemon serves: its start-up objects, the position index's parts among them
+    (plans.Positions, tracked from their creation), are never walked by a collection again. The index holds
+    up to millions of entries: a full collection walked them with the GIL held (85-170 ms at 1M urls here,
+    more once they lie all over memory), long enough for a health check to wait 126 ms. Long plans' url
+    lists are frozen by planbody.py. What a freeze keeps is cyclic garbage not yet collected at that moment.
     """
     gc.freeze()
     logger.debug("froze the collector's objects")
@@ -57,24 +53,15 @@ class PlanIndexer:
         self,
         planner: Planner,
         chunk: int = CHUNK,
-        freeze_at: int = FREEZE_AT,
         budget_s: float = BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.planner = planner
         self.chunk = chunk
-        self.freeze_at = freeze_at
         self.budget_s = budget_s
         self._clock = clock
         self._pending: deque[Plan] = deque()
         self._work = asyncio.Event()
-
-    def settle(self, body: PlanBody) -> PlanBody:
-        """Freeze the collector's objects if `body` is a long plan (call in the worker thread that read it,
-        before the loop gets it: the first young collection would walk its url list, see `_freeze`)."""
-        if len(body.urls) >= self.freeze_at:
-            _freeze()
-        return body
 
     def register(self, body: PlanBody) -> Plan:
         """Register a plan and index its head now; the rest follows in the background (call on the loop)."""

@@ -81,20 +81,18 @@ def test_a_plan_dropped_while_being_indexed_stops_being_indexed() -> None:
     assert plan.indexed == 0 and planner.next_use("a") is None
 
 
-def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
-    planner = Planner(clock=lambda: 0.0)
-    indexer = PlanIndexer(planner, chunk=2, freeze_at=3)
+def test_a_long_plans_url_list_leaves_the_garbage_collectors_generations() -> None:
+    raw = b'{"job": "j", "slot": 0, "epoch": 0, "urls": ["s3://b/x", "s3://b/y"]}'
     try:
-        plan = indexer.register(indexer.settle(body([f"s3://b/{i}" for i in range(5)])))
+        plan = read_plan([raw], AllowList(["s3://b"]), max_urls=10, freeze_bytes=len(raw))
         assert not any(tracked is plan.urls for tracked in gc.get_objects())  # frozen: never walked
     finally:
         gc.unfreeze()
 
 
-def test_a_short_plan_stays_in_the_garbage_collectors_generations() -> None:
-    planner = Planner(clock=lambda: 0.0)
-    indexer = PlanIndexer(planner, chunk=2, freeze_at=100)
-    plan = indexer.register(indexer.settle(body(["s3://b/x"])))
+def test_a_short_plans_url_list_stays_in_the_garbage_collectors_generations() -> None:
+    raw = b'{"job": "j", "slot": 0, "epoch": 0, "urls": ["s3://b/x"]}'
+    plan = read_plan([raw], AllowList(["s3://b"]), max_urls=10, freeze_bytes=len(raw) + 1)
     assert gc.get_freeze_count() == 0
     assert gc.is_tracked(plan.urls)
 
