@@ -93,8 +93,7 @@ def test_a_long_plans_url_list_leaves_the_garbage_collectors_generations() -> No
 def test_a_short_plans_url_list_stays_in_the_garbage_collectors_generations() -> None:
     raw = b'{"job": "j", "slot": 0, "epoch": 0, "urls": ["s3://b/x"]}'
     plan = read_plan([raw], AllowList(["s3://b"]), max_urls=10, freeze_bytes=len(raw) + 1)
-    assert gc.get_freeze_count() == 0
-    assert gc.is_tracked(plan.urls)
+    assert any(tracked is plan.urls for tracked in gc.get_objects())  # not frozen (whatever froze before)
 
 
 def test_an_indexing_step_stops_once_its_budget_is_spent() -> None:
