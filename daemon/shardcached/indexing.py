@@ -1,11 +1,16 @@
 """Plans enter and leave the planner's index in bounded steps on the event loop, never all at once.
 
 The planner is pure and lock-free; this drives its chunked methods from one background task, yielding to
-the loop between steps of `chunk` urls (~5 ms), so an open or a health check on another connection waits
-for at most one step. A registration is answered once its plan's head (the first step) is indexed: the
-plan is registered and its first opens advance its cursor at once, and the rest is indexed long before a
-reader gets there (a 1M-url plan in about a second; a reader opens a few shards a second). Deleted and stale
-plans are dropped from the planner at once and their entries removed here afterwards.
+the loop between steps of at most `budget_s` (pieces of `chunk` urls until the budget is spent: a url's
+cost varies with the machine, its load and the index's size, 1-4 us here, so a fixed count of urls is no
+bound on the loop's time), so an open or a health check on another connection waits for at most one step.
+A registration is answered once its plan's head (the first piece) is indexed: the plan is registered and
+its first opens advance its cursor at once, and the rest is indexed long before a reader gets there (a
+1M-url plan in a few seconds; a reader opens a few shards a second). Deleted and stale plans are dropped
+from the planner at once and their entries removed here afterwards.
+
+The position index is frozen (`gc.freeze`) when this starts, and a long plan's url lists by the worker
+thread that reads them (planbody.py), before any collection can walk them.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 
 from shardcached.planbody import PlanBody
 from shardcached.planner import Planner
@@ -21,31 +28,38 @@ from shardcached.plans import Plan
 
 logger = logging.getLogger(__name__)
 
-CHUNK = 5_000  # urls indexed or unindexed per step: a few ms of the loop
-FREEZE_AT = 50_000  # a plan this long moves the live objects out of the garbage collector's generations
+CHUNK = 500  # urls indexed or unindexed at a time (~0.5-2 ms), repeated within a step's budget
+BUDGET_S = 0.004  # the loop's time one step may take, checked between pieces of `CHUNK` urls
 
 
 def _freeze() -> None:
-    """Move every object the collector tracks now into its permanent generation (`gc.freeze`).
+    """Move every object the collector tracks now into its permanent generation (`gc.freeze`, O(1)).
 
-    The position index (url -> plan -> position) is one dict of up to millions of entries, and a new plan's
-    url list another million-slot container: every collection of their generation walks them (~85-170 ms
-    at 1M urls here, with the GIL: a health check waited 126 ms). Frozen, no collection walks them again;
-    entries added later are small untracked dicts. Objects freed by reference counting still go at once;
-    what a freeze keeps is cyclic garbage not yet collected at that moment (a young generation's worth),
-    once per long plan registered.
+    Called once the daemon serves: its start-up objects, the position index's parts among them
+    (plans.Positions, tracked from their creation), are never walked by a collection again. The index holds
+    up to millions of entries: a full collection walked them with the GIL held (85-170 ms at 1M urls here,
+    more once they lie all over memory), long enough for a health check to wait 126 ms. Long plans' url
+    lists are frozen by planbody.py. What a freeze keeps is cyclic garbage not yet collected at that moment.
     """
     gc.freeze()
-    logger.debug("froze the collector's objects: %d permanent", gc.get_freeze_count())
+    logger.debug("froze the collector's objects")
 
 
 class PlanIndexer:
-    """Indexes new plans and unindexes dropped ones in the background, `chunk` urls per loop step."""
+    """Indexes new plans and unindexes dropped ones in the background, in loop steps of at most `budget_s`
+    (`chunk` urls at a time; `clock`: seconds, injected so that tests can drive it)."""
 
-    def __init__(self, planner: Planner, chunk: int = CHUNK, freeze_at: int = FREEZE_AT) -> None:
+    def __init__(
+        self,
+        planner: Planner,
+        chunk: int = CHUNK,
+        budget_s: float = BUDGET_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.planner = planner
         self.chunk = chunk
-        self.freeze_at = freeze_at
+        self.budget_s = budget_s
+        self._clock = clock
         self._pending: deque[Plan] = deque()
         self._work = asyncio.Event()
 
@@ -54,8 +68,6 @@ class PlanIndexer:
         plan, fresh = self.planner.begin_plan(body.job, body.slot, body.epoch, body.urls, body.digest)
         if fresh and not self.planner.index_more(plan, self.chunk):
             self._pending.append(plan)
-        if fresh and len(plan.urls) >= self.freeze_at:
-            _freeze()
         self.wake()  # a replaced plan may wait for unindexing too
         return plan
 
@@ -69,7 +81,11 @@ class PlanIndexer:
         self._work.set()
 
     async def run(self) -> None:
-        """Index pending plans first (their next uses matter), then remove dropped plans' entries."""
+        """Index pending plans first (their next uses matter), then remove dropped plans' entries.
+
+        Starts by freezing the collector's objects: the daemon's start-up objects, the position index's
+        parts among them, are never walked again (plans.Positions)."""
+        _freeze()
         while True:
             if self.step():
                 await asyncio.sleep(0)  # let every ready request run between two steps
@@ -78,10 +94,13 @@ class PlanIndexer:
                 await self._work.wait()
 
     def step(self) -> bool:
-        """One bounded step of work; whether any work is left."""
-        if self._pending:
-            if self.planner.index_more(self._pending[0], self.chunk):
-                self._pending.popleft()
-        elif self.planner.unindex_pending:
-            self.planner.unindex_more(self.chunk)
-        return self.busy
+        """One step of work, pieces of `chunk` urls until `budget_s` is spent; whether any work is left."""
+        deadline = self._clock() + self.budget_s
+        while True:
+            if self._pending:
+                if self.planner.index_more(self._pending[0], self.chunk):
+                    self._pending.popleft()
+            elif self.planner.unindex_pending:
+                self.planner.unindex_more(self.chunk)
+            if not self.busy or self._clock() >= deadline:
+                return self.busy

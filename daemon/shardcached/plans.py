@@ -8,7 +8,9 @@ arithmetic: the planner (planner.py) decides what to do with them.
 
 A plan enters and leaves the index in ranges of positions (`index_range` / `unindex_range`, the only two
 functions that write the index), so the daemon can spread a million-url plan over many short steps of its
-event loop: `Plan.indexed` says how far the plan is indexed.
+event loop: `Plan.indexed` says how far the plan is indexed. The index is split over `PARTS` dicts by the
+url's hash (`Positions`) so that no insertion rehashes a million entries at once, and a dropped plan's url
+list shrinks as it is unindexed, so that no step frees a million strings at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import overload
 
 # Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
 # miss, yet follows a real change of speed within a few opens.
@@ -23,7 +26,62 @@ _ALPHA = 0.25
 # Two opens in the same clock tick must not make every position of a chain tie at one instant.
 _MIN_INTERVAL = 1e-6
 
-Positions = dict[str, dict[str, int | list[int]]]
+PARTS = 256  # dicts the position index is split over: a power of two (a url's part is its hash's low bits)
+
+Where = int | list[int]  # a url's position in one plan, or its ascending positions when it repeats there
+PerPlan = dict[str, Where]  # plan id -> where
+
+
+class _Part(dict[str, PerPlan]):
+    """One part of the position index: a dict the garbage collector tracks from its creation.
+
+    A plain dict is tracked only once it holds a container, so an empty part made before `gc.freeze`
+    (indexing.py) would be tracked after it, outside the permanent generation, and every full collection
+    would walk its entries (~370 ns each here: a part's entries lie all over memory). Tracked from birth,
+    the parts are frozen with everything else made at start-up.
+    """
+
+    __slots__ = ()
+
+
+class Positions:
+    """The position index, url -> plan id -> position(s), as a dict of urls split over `PARTS` dicts.
+
+    One dict of a million urls rehashes all of them in one C call when it grows past a power of two (50 ms
+    here at 700k entries, the event loop and every thread stopped meanwhile); a part grows in steps of
+    1/`PARTS` of that. Only the dict operations the planner uses: `get`, item assignment and deletion,
+    `len`, `in`, and `part` (a url's own dict, for loops that touch it several times).
+    """
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[dict[str, PerPlan]] = [_Part() for _ in range(PARTS)]
+
+    def part(self, url: str) -> dict[str, PerPlan]:
+        """The dict that holds `url` (if anything does)."""
+        return self._parts[hash(url) & (PARTS - 1)]
+
+    @overload
+    def get(self, url: str) -> PerPlan | None: ...
+
+    @overload
+    def get(self, url: str, default: PerPlan) -> PerPlan: ...
+
+    def get(self, url: str, default: PerPlan | None = None) -> PerPlan | None:
+        return self._parts[hash(url) & (PARTS - 1)].get(url, default)  # dict.get, not overridden
+
+    def __setitem__(self, url: str, per_plan: PerPlan) -> None:
+        self._parts[hash(url) & (PARTS - 1)][url] = per_plan
+
+    def __delitem__(self, url: str) -> None:
+        del self._parts[hash(url) & (PARTS - 1)][url]
+
+    def __contains__(self, url: object) -> bool:
+        return isinstance(url, str) and url in self._parts[hash(url) & (PARTS - 1)]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._parts))
 
 
 @dataclass(eq=False)
@@ -95,11 +153,13 @@ def index_range(
     """
     pid = plan.id
     urls = plan.urls
+    part = positions.part
     for position in range(start, stop):
         url = urls[position]
-        per_plan = positions.get(url)
+        owner = part(url)
+        per_plan = owner.get(url)
         if per_plan is None:
-            positions[url] = {pid: position}
+            owner[url] = {pid: position}
         else:
             where = per_plan.get(pid)
             if where is None:
@@ -122,12 +182,14 @@ def unindex_range(
     """
     pid = plan.id
     urls = plan.urls
+    part = positions.part
     for position in range(start, stop):
         url = urls[position]
-        per_plan = positions.get(url)
+        owner = part(url)
+        per_plan = owner.get(url)
         if per_plan is not None and per_plan.pop(pid, None) is not None:
             if not per_plan:
-                del positions[url]
+                del owner[url]
             if unindexed is not None:
                 unindexed(url)
 
@@ -144,7 +206,7 @@ def unindex_plan(positions: Positions, plan: Plan, unindexed: Callable[[str], No
     plan.indexed = 0
 
 
-def first_at_or_after(where: int | list[int] | None, cursor: int) -> int | None:
+def first_at_or_after(where: Where | None, cursor: int) -> int | None:
     """The first of a url's positions in a plan that is not behind the cursor."""
     if where is None:
         return None

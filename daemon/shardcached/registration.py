@@ -56,7 +56,7 @@ class PlanRegistry:
         self.stale_after_s = stale_after_s
         self.plans: dict[str, Plan] = {}
         self.chains: dict[tuple[str, int], Chain] = {}
-        self.positions: Positions = {}  # url -> plan id -> position(s): see plans.py
+        self.positions = Positions()  # url -> plan id -> position(s): see plans.py
         self._clock = clock
         self._listener = listener
         self._retired: deque[Plan] = deque()  # dropped plans whose index entries are not all removed yet
@@ -65,7 +65,7 @@ class PlanRegistry:
 
     def add_plan(self, job: str, slot: int, epoch: int, urls: list[str]) -> str:
         """`begin_plan`, the whole plan indexed and every dropped plan unindexed at once; the plan id."""
-        plan, fresh = self.begin_plan(job, slot, epoch, urls)
+        plan, fresh = self.begin_plan(job, slot, epoch, list(urls))  # a copy: see begin_plan
         if fresh:
             index_plan(self.positions, plan, self._replanner(plan.chain))
         self.unindex_more(math.inf)
@@ -79,6 +79,7 @@ class PlanRegistry:
         An identical registration returns the existing plan (and False). `digest`, a hash of `urls`
         computed by the caller, makes that comparison O(1); without it the urls are compared. The plan
         counts as registered at once; its urls count for next uses as `index_more` reaches them.
+        The plan takes `urls` over: once it is dropped, `unindex_more` empties the list from its end.
         """
         now = self._clock()
         self.maybe_expire(now)
@@ -140,10 +141,19 @@ class PlanRegistry:
         retired = self._retired
         while retired and budget > 0:
             plan = retired[0]
+            urls = plan.urls
+            # The list is emptied from its end as it goes (the part never indexed first): freed whole, a
+            # million strings would go in one step (~40-60 ms here).
+            if len(urls) > plan.indexed:
+                cut = max(plan.indexed, len(urls) - int(min(budget, len(urls))))
+                budget -= len(urls) - cut
+                del urls[cut:]
+                continue
             start = max(0, plan.indexed - int(min(budget, plan.indexed)))
             unindex_range(self.positions, plan, start, plan.indexed, self._replanner(plan.chain))
             budget -= plan.indexed - start
             plan.indexed = start
+            del urls[start:]
             if start == 0:
                 retired.popleft()
         return not retired

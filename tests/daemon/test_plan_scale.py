@@ -81,21 +81,52 @@ def test_a_plan_dropped_while_being_indexed_stops_being_indexed() -> None:
     assert plan.indexed == 0 and planner.next_use("a") is None
 
 
-def test_a_long_plan_leaves_the_garbage_collectors_generations() -> None:
-    planner = Planner(clock=lambda: 0.0)
-    indexer = PlanIndexer(planner, chunk=2, freeze_at=3)
+def test_a_long_plans_url_list_leaves_the_garbage_collectors_generations() -> None:
+    raw = b'{"job": "j", "slot": 0, "epoch": 0, "urls": ["s3://b/x", "s3://b/y"]}'
     try:
-        plan = indexer.register(body([f"s3://b/{i}" for i in range(5)]))
+        plan = read_plan([raw], AllowList(["s3://b"]), max_urls=10, freeze_bytes=len(raw))
         assert not any(tracked is plan.urls for tracked in gc.get_objects())  # frozen: never walked
     finally:
         gc.unfreeze()
 
 
-def test_a_short_plan_stays_in_the_garbage_collectors_generations() -> None:
+def test_a_short_plans_url_list_stays_in_the_garbage_collectors_generations() -> None:
+    raw = b'{"job": "j", "slot": 0, "epoch": 0, "urls": ["s3://b/x"]}'
+    plan = read_plan([raw], AllowList(["s3://b"]), max_urls=10, freeze_bytes=len(raw) + 1)
+    assert any(tracked is plan.urls for tracked in gc.get_objects())  # not frozen (whatever froze before)
+
+
+def test_an_indexing_step_stops_once_its_budget_is_spent() -> None:
     planner = Planner(clock=lambda: 0.0)
-    plan = PlanIndexer(planner, chunk=2, freeze_at=100).register(body(["s3://b/x"]))
-    assert gc.get_freeze_count() == 0
-    assert gc.is_tracked(plan.urls)
+    ticks = iter(range(100))
+    indexer = PlanIndexer(planner, chunk=2, budget_s=2, clock=lambda: float(next(ticks)))
+    plan = indexer.register(body([f"u{i}" for i in range(20)]))
+    assert indexer.step()  # the clock read 0 at its start, 1 after the first piece, 2 after the second
+    assert plan.indexed == 2 + 2 * 2
+
+
+def test_a_dropped_plans_url_list_is_emptied_as_it_is_unindexed() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    plan, _ = planner.begin_plan("j", 0, 0, [f"u{i}" for i in range(10)])
+    planner.index_more(plan, 6)
+    assert planner.drop_plan(plan.id)
+    planner.unindex_more(4)  # the 4 never indexed go first
+    assert plan.urls == ["u0", "u1", "u2", "u3", "u4", "u5"]
+    planner.unindex_more(3)
+    assert plan.urls == ["u0", "u1", "u2"]
+    assert planner.unindex_more(3) and plan.urls == []
+
+
+def test_registering_a_plan_at_once_leaves_the_callers_url_list_alone() -> None:
+    planner = Planner(clock=lambda: 0.0)
+    urls = ["a", "b", "c"]
+    assert planner.delete_plan(planner.add_plan("j", 0, 0, urls))
+    assert urls == ["a", "b", "c"]
+
+
+def test_the_position_index_is_tracked_by_the_collector_from_its_creation() -> None:
+    parts = Planner()._registry.positions._parts
+    assert all(gc.is_tracked(part) for part in parts)  # so a gc.freeze made before any plan covers them
 
 
 def test_retire_stale_drops_plans_and_leaves_their_entries_for_later() -> None:
