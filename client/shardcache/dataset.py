@@ -30,7 +30,7 @@ from shardcache.pipeline.mixed import mixed_source
 from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, initial_state
-from shardcache.resume.state import LiveState, ended_epoch
+from shardcache.resume.state import Envelope, LiveState, ended_epoch
 from shardcache.shards import ShardRef, expand_shards
 from shardcache.snapshots.boundary import cached
 from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
@@ -283,13 +283,13 @@ class Dataset:
         """A stable hash of the source and stage list (what a resume state must match)."""
         return self._spec.fingerprint()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> Envelope:
         """The resume envelope (version, identity, state; `shardcache.resume.state`) of the most recent
         iterator, else of the state loaded and not yet used. Its ``state`` is None before any iteration and
         once the iterator is exhausted: loading it starts the next pass from the beginning."""
         return self._live.state_dict(lambda: initial_state(self._spec, self.resolve_context()))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Make the next iteration resume from `state`: this reader's own `state_dict()` (or a version-1
         state), or the states of every rank merged by `shardcache.merge_states` (which resumes on any number
         of nodes, ranks and workers; see `shardcache.resume.elastic`; checks in `shardcache.resume.point`).
@@ -313,7 +313,7 @@ class Dataset:
         """
         self._spec.count_samples(self.resolve_context(context), always=always)
 
-    def partitioning_of(self, context: RuntimeContext | None = None) -> list[Any] | None:
+    def partitioning_of(self, context: RuntimeContext | None = None) -> list[str | float | None] | None:
         """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix),
         as its states record them: what an elastic resume replays (`shardcache.resume.elastic`)."""
         return self._spec.partitioning_of(self.resolve_context(context))

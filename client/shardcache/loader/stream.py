@@ -34,11 +34,11 @@ import tempfile
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 # torch's worker loop seeds numpy.random: imported here, in the trainer, never first in a forked worker.
 import numpy.random  # noqa: F401
@@ -72,7 +72,7 @@ class EpochOrder:
     """
 
     epoch: int | None
-    states: dict[int, State] = dataclass_field(default_factory=dict)
+    states: Mapping[int, State] = dataclass_field(default_factory=dict)
     exhausted: frozenset[int] = frozenset()
     facts: RunFacts | None = None
 
@@ -387,7 +387,7 @@ class MergeNode(Node):
 
         Carried in each worker's state (`PipelineIterator.position`), so it costs nothing extra per item.
         """
-        return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
+        return sum(_skipped(s) for s in self.states.values())
 
     def stage_times(self) -> StageTimes:
         """The workers' stage times summed, as of their latest items to arrive."""
@@ -396,14 +396,14 @@ class MergeNode(Node):
     @staticmethod
     def worker_states(state: State) -> dict[int, State]:
         """Each worker's pipeline state in a merge state, by worker id (workers not started are absent)."""
-        return {int(w): s for w, s in field(state, "workers", dict).items()}
+        return _worker_states(field(state, "workers", dict))
 
     @staticmethod
     def exhausted_workers(state: State) -> set[int]:
         """The workers whose streams had ended when a merge state was taken."""
-        return {int(w) for w in field(state, "exhausted", list)}
+        return _worker_ids(field(state, "exhausted", list))
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> MergeState:
         return {
             "workers": {str(w): s for w, s in sorted(self.states.items())},
             "next_worker": self.next_worker,
@@ -412,15 +412,48 @@ class MergeNode(Node):
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        workers = field(state, "workers", dict)
+        workers = _worker_states(field(state, "workers", dict))
         next_worker = field(state, "next_worker", int)
-        exhausted = field(state, "exhausted", list)
-        ids = [int(w) for w in workers] + [int(w) for w in exhausted] + [next_worker]
+        exhausted = _worker_ids(field(state, "exhausted", list))
+        ids = {*workers, *exhausted, next_worker}
         if any(not 0 <= w < self.streams for w in ids):
             raise StateError(
-                f"resume state names DataLoader workers {sorted(set(ids))}, this loader has "
+                f"resume state names DataLoader workers {sorted(ids)}, this loader has "
                 f"{self.streams} stream(s); resume with the same num_workers"
             )
-        self.states = {int(w): s for w, s in workers.items()}
+        self.states = workers
         self.next_worker = next_worker
-        self.exhausted = {int(w) for w in exhausted}
+        self.exhausted = exhausted
+
+
+class MergeState(TypedDict):
+    """A `MergeNode`'s state: each started worker's flat state (`DatasetState`, by worker id), the next
+    worker in the rotation and the workers whose streams had ended."""
+
+    workers: dict[str, State]
+    next_worker: int
+    exhausted: list[int]
+
+
+def _worker_states(workers: dict[object, object]) -> dict[int, State]:
+    """A merge state's ``workers``, by worker id (StateError naming the field when it is not that)."""
+    try:
+        states: dict[int, State] = {int(str(w)): s for w, s in workers.items() if isinstance(s, dict)}
+    except ValueError as exc:
+        raise StateError(f"resume state field 'workers' has a key that is not a worker id ({exc})") from None
+    if len(states) != len(workers):
+        raise StateError("resume state field 'workers' holds a worker state that is not an object")
+    return states
+
+
+def _worker_ids(ids: list[object]) -> set[int]:
+    """A merge state's ``exhausted`` worker ids (StateError naming the field when one is not an id)."""
+    if not all(isinstance(w, int) for w in ids):
+        raise StateError(f"resume state field 'exhausted'={ids!r} must list worker ids")
+    return {w for w in ids if isinstance(w, int)}
+
+
+def _skipped(state: State) -> int:
+    """The shards a worker's flat state says it skipped (`DatasetState.skipped_shards`)."""
+    skipped = state.get("skipped_shards", 0)
+    return skipped if isinstance(skipped, int) else 0

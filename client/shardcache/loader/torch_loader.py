@@ -8,7 +8,7 @@ Resume states (identity, checks, the workers' start states) are `shardcache.load
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from shardcache.context import RuntimeContext
@@ -28,10 +28,10 @@ from shardcache.loader.stream import (
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
-from shardcache.node import Node
+from shardcache.node import Node, state_of
 from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.job import job_state
-from shardcache.resume.state import LiveState
+from shardcache.resume.state import Envelope, LiveState
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
@@ -227,7 +227,7 @@ class TorchLoader:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
         return self._shape().fingerprint()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> Envelope:
         """The resume envelope (version, identity, state) of the most recent iteration, else of the state
         loaded and not yet used. Its ``state`` is None before any iteration and once the iteration is
         exhausted: loading it starts the next pass from the beginning.
@@ -264,7 +264,7 @@ class TorchLoader:
         _check_scope("scope", scope)
         self._fetched_ahead, self._keep_positions, self.state_scope = fetched_ahead, keep, scope
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Make the next iteration resume from `state` (as taken by `state_dict()`, or a version-1 state).
 
         Raises:
@@ -334,9 +334,9 @@ class TorchLoader:
         for stage in self.stages:
             node = stage.node(node, ctx)
         if pending is not None:
-            node.load_state_dict(pending["pipeline"])
-        start: dict[str, Any] = next(iter(worker_states.values()), {})
-        origin = start.get("origin")  # where an elastic resume started this epoch
+            node.load_state_dict(state_of(pending, "pipeline"))
+        start = next(iter(worker_states.values()), None)
+        origin = None if start is None else start["origin"]  # where an elastic resume started this epoch
         iterator = LoaderIterator(
             node,
             header(shape, ctx, origin),
@@ -359,7 +359,7 @@ class TorchLoader:
         node: Node = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
         for stage in self.stages:
             node = stage.node(node, ctx)
-        iterator = PlainIterator(node, {})
+        iterator = PlainIterator(node, None)
         self._live.start(iterator, warn=True)
         return iterator
 
