@@ -85,15 +85,18 @@ class EpochClock:
         for i in range(_WORKERS, len(cells)):
             cells[i] = 0
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # Shared only with a worker being started (the one moment multiprocessing lets it travel); any
         # other pickle (a saved pipeline, a copy) carries the next epoch in a clock of its own.
         if multiprocessing.context.get_spawning_popen() is not None:
             return {"cells": self._cells}
         return {"epoch": self.next, "pinned": self.pinned}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         if "cells" in state:
             self._cells = state["cells"]
         else:
-            EpochClock.__init__(self, state["epoch"], state.get("pinned", False))
+            epoch, pinned = state["epoch"], state.get("pinned", False)
+            assert epoch is None or isinstance(epoch, int), "pickled by __getstate__"
+            assert isinstance(pinned, bool), "pickled by __getstate__"
+            EpochClock.__init__(self, epoch, pinned)

@@ -9,7 +9,7 @@ per-sample method dispatch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict
 
 from shardcache.errors import StateError
 
@@ -84,6 +84,12 @@ class Node(Generic[T]):
             self._it.close()
 
 
+class UpState(TypedDict):
+    """The state of a stage whose position is its upstream's (`StatelessNode`)."""
+
+    up: State
+
+
 class StatelessNode(Node[T]):
     """A 1:1 or filtering stage whose position is its upstream's (map, select)."""
 
@@ -91,7 +97,7 @@ class StatelessNode(Node[T]):
         super().__init__()
         self.up = up
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> UpState:
         return {"up": self.up.state_dict()}
 
     def load_state_dict(self, state: State) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.loader.stream import MergeNode
+from shardcache.loader.merge import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
 from shardcache.node import Node, State
 from shardcache.pipeline.iteration import close_all, close_telemetry
 from shardcache.pipeline.stage_times import StageStats, StageTimes
-from shardcache.resume.state import Envelope, Flat, LoaderHeader, LoaderState, live_of, wrap
+from shardcache.resume.state import LoaderHeader, LoaderState, StateDict, live_of, public, wrap
 
 
 class LoaderIterator:
@@ -100,7 +100,7 @@ class LoaderIterator:
         merge = merge_of(self.node)
         return 0 if merge is None else merge.skipped_shards
 
-    def state_dict(self, behind: int = 0) -> Envelope:
+    def state_dict(self, behind: int = 0) -> StateDict:
         """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
         identity and layout, then its epoch and every node's position (None once exhausted).
 
@@ -118,11 +118,11 @@ class LoaderIterator:
                     code="InvalidResumeState",
                 )
             pipeline, ended = kept[-behind], False
-        return wrap(self._state(pipeline), self.runtime, ended=ended)
+        return public(wrap(self._state(pipeline), self.runtime, ended=ended))
 
-    def live_state(self) -> Flat:
+    def live_state(self) -> StateDict:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return live_of(self._state(self.node.state_dict()))
+        return public(live_of(self._state(self.node.state_dict())))
 
     def _state(self, pipeline: State) -> LoaderState:
         """The loader's flat state (`LoaderState`): its header, then the nodes' positions `pipeline`."""
@@ -146,7 +146,7 @@ def merge_of(node: Node) -> MergeNode | None:
 class PlainIterator(LoaderIterator):
     """One pass of a TorchLoader over a plain iterable: it has no state to save."""
 
-    def state_dict(self, behind: int = 0) -> Envelope:
+    def state_dict(self, behind: int = 0) -> StateDict:
         raise UnsupportedResume(
             "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
             "shardcache.Dataset resumes"

@@ -18,7 +18,7 @@ from typing import Any
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.formatting import callable_name
-from shardcache.loader.stream import MergeNode
+from shardcache.loader.merge import MergeNode
 from shardcache.node import Node, field, state_of
 from shardcache.resume.check import spec_parts
 from shardcache.resume.elastic import (

@@ -17,11 +17,11 @@ from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume, positive_int
 from shardcache.frameworks import called_by_lightning
 from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
+from shardcache.loader.merge import MergeNode
 from shardcache.loader.plain import PlainNode, PlainStream
 from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
 from shardcache.loader.stream import (
     EpochOrder,
-    MergeNode,
     WorkerHome,
     WorkerLauncher,
     WorkerStream,
@@ -31,7 +31,7 @@ from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, st
 from shardcache.node import Node, state_of
 from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.job import job_state
-from shardcache.resume.state import Envelope, LiveState
+from shardcache.resume.state import LiveState, StateDict, public
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
@@ -54,7 +54,7 @@ class TorchLoader:
     Iteration is resumable: `state_dict()` after any item, `load_state_dict(state)` on a fresh TorchLoader
     built the same way (same dataset, stages, batch size and num_workers; same ranks), and the next
     iteration yields exactly what the uninterrupted one would have yielded next. The main process merges
-    the workers in a fixed rotation (see `shardcache.loader.stream`), so the order of items does not
+    the workers in a fixed rotation (see `shardcache.loader.merge`), so the order of items does not
     depend on worker timing. A resume restarts the workers at their saved positions; loader-side shuffle
     and assemble restart them a little earlier and re-read up to their checkpoint (see their modules: an
     assembler without its own state re-reads from the epoch start).
@@ -227,7 +227,7 @@ class TorchLoader:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
         return self._shape().fingerprint()
 
-    def state_dict(self) -> Envelope:
+    def state_dict(self) -> StateDict:
         """The resume envelope (version, identity, state) of the most recent iteration, else of the state
         loaded and not yet used. Its ``state`` is None before any iteration and once the iteration is
         exhausted: loading it starts the next pass from the beginning.
@@ -247,7 +247,9 @@ class TorchLoader:
         if ahead > 0 and isinstance(iterator, LoaderIterator):
             state = iterator.state_dict(behind=ahead)
         else:
-            state = self._live.state_dict(lambda: initial_state(shape, self.dataset.resolve_context()))
+            state = self._live.state_dict(
+                lambda: public(initial_state(shape, self.dataset.resolve_context()))
+            )
         if self._fetched_ahead is None and state.get("state") is not None and called_by_lightning():
             raise ConfigError(
                 "Lightning is checkpointing this TorchLoader in the middle of an epoch: add "

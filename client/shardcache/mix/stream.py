@@ -30,7 +30,7 @@ class PassSource(Protocol):
 
     name: str
 
-    def open(self, pass_index: int, state: State | None) -> Iterator[Any]:
+    def open(self, pass_index: int, state: dict[str, object] | None) -> Iterator[Any]:
         """An iterator over pass `pass_index`, resumed from `state` (the iterator's own state) if given."""
         ...
 
@@ -100,7 +100,7 @@ class PassStream:
         self.pass_index = 0
         self.taken_in_pass = 0
         self.taken = 0
-        self._inner_state: State | None = None
+        self._inner_state: dict[str, object] | None = None
         self._it: Iterator[Any] | None = None
 
     def __iter__(self) -> PassStream:

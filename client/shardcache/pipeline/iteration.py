@@ -18,7 +18,7 @@ from shardcache.pipeline.build import build
 from shardcache.pipeline.stage_times import StageClock, StageStats, StageTimes, stage_times_enabled
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, resume_point
-from shardcache.resume.state import STATE_VERSION, DatasetState, Envelope, Flat, live_of, wrap
+from shardcache.resume.state import STATE_VERSION, DatasetState, Flat, StateDict, live_of, public, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
 from shardcache.sources.deal.schedule import source_job
@@ -145,14 +145,14 @@ class PipelineIterator:
                 self._on_first(self.context.epoch)
         return item
 
-    def state_dict(self) -> Envelope:
+    def state_dict(self) -> StateDict:
         """The resume envelope (`shardcache.resume.state.wrap`): small and JSON-serialisable; its ``state``
         is None once this iterator is exhausted (the next pass starts from the beginning)."""
-        return wrap(self.position(), self.context.identity(), ended=self.exhausted)
+        return public(wrap(self.position(), self.context.identity(), ended=self.exhausted))
 
-    def live_state(self) -> Flat:
+    def live_state(self) -> StateDict:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return live_of(self.position())
+        return public(live_of(self.position()))
 
     def position(self) -> DatasetState:
         """The flat state (`DatasetState`): what a TorchLoader's workers send with every item, and what a

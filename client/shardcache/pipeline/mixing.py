@@ -96,7 +96,7 @@ class _MemberPasses:
         self.spec = spec
         self.ctx = ctx
 
-    def open(self, pass_index: int, state: State | None) -> Iterator[Any]:
+    def open(self, pass_index: int, state: dict[str, object] | None) -> Iterator[Any]:
         node = build(self.spec, dataclasses.replace(self.ctx, seed=pass_seed(self.ctx.seed, pass_index)))
         if state is not None:
             node.load_state_dict(state)

@@ -44,8 +44,10 @@ from shardcache.resume.state import (
     Envelope,
     Flat,
     MergedState,
+    StateDict,
     check_fingerprint,
     check_version,
+    public,
     unwrap,
     wrap,
 )
@@ -65,7 +67,7 @@ def is_merged(state: object) -> bool:
     return isinstance(state, dict) and state.get("kind") in ("merged", "elastic")
 
 
-def merge_states(states: Sequence[Mapping[str, object]]) -> Envelope:
+def merge_states(states: Sequence[Mapping[str, object]]) -> StateDict:
     """One state from every rank's `state_dict()` (Dataset or TorchLoader), loadable on any topology.
 
     Args:
@@ -90,7 +92,7 @@ def merge_states(states: Sequence[Mapping[str, object]]) -> Envelope:
     seed = {"seed": runtime.get("seed")} if isinstance(runtime, dict) else None
     if any(entry.fresh and "epoch" not in entry.flat for entry in loaded):
         if all(entry.fresh and "epoch" not in entry.flat for entry in loaded):
-            return _not_begun([entry.flat for entry in loaded], seed)
+            return public(_not_begun([entry.flat for entry in loaded], seed))
         raise StateError(
             "merge_states: some ranks had not begun iterating (their state is the initial one) while others "
             "had; take every rank's state at the same step",
@@ -98,7 +100,7 @@ def merge_states(states: Sequence[Mapping[str, object]]) -> Envelope:
         )
     flats = [entry.flat for entry in loaded]
     merged = _merge_flat(flats)
-    return wrap(merged, seed, ended=all(entry.fresh for entry in loaded))
+    return public(wrap(merged, seed, ended=all(entry.fresh for entry in loaded)))
 
 
 def _not_begun(flats: Sequence[Flat], runtime: object) -> Envelope:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from shardcache.context import torch_distributed
 from shardcache.resume.elastic import merge_states
-from shardcache.resume.state import Envelope
+from shardcache.resume.state import StateDict
 
 
-def job_state(state: Envelope) -> Envelope:
+def job_state(state: StateDict) -> StateDict:
     """Every rank's `state` merged into one (this rank's own without torch.distributed or with one rank).
 
     A collective over the default process group: call it on every rank at the same step.
@@ -22,6 +22,6 @@ def job_state(state: Envelope) -> Envelope:
     dist = torch_distributed()
     if dist is None or int(dist.get_world_size()) == 1:
         return state
-    states: list[Envelope | None] = [None] * int(dist.get_world_size())
+    states: list[StateDict | None] = [None] * int(dist.get_world_size())
     dist.all_gather_object(states, state)
     return merge_states([s for s in states if s is not None])

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NotRequired, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 from shardcache.errors import StateError
 from shardcache.node import Node, State
@@ -82,6 +82,19 @@ class Envelope(TypedDict):
     identity: Identity
     state: Flat | None  # the position (`live_of`); None: the pass starts from the beginning
     end: NotRequired[Flat]  # an ended pass's position, for `merge_states`
+
+
+# A state as the public API hands it over and takes it back (`Dataset.state_dict()`, `TorchLoader`'s,
+# `merge_states`): the `Envelope` as a plain JSON dict, the type a trainer's checkpoint code (and torch's
+# own `state_dict()`) gives it, which it may edit and store as it likes. Inside, states are the TypedDicts
+# here; `public` is the one place they turn into this.
+StateDict = dict[str, Any]
+
+
+def public(state: Mapping[str, object]) -> StateDict:
+    """`state` (an `Envelope`, or the position `live_of` gives) as the public API returns it: the same
+    object, typed as the JSON dict trainers handle."""
+    return cast(StateDict, state)
 
 
 class Header(TypedDict):
@@ -335,7 +348,7 @@ class Checkpointed(Protocol):
     exhausted: bool  # it raised StopIteration: its state is None, the next pass starts anew
     started: bool  # it yielded an item
 
-    def state_dict(self) -> Envelope: ...
+    def state_dict(self) -> StateDict: ...
 
 
 # mvp-dataset's words, which its users' log filters may match.
@@ -354,10 +367,10 @@ class LiveState:
 
     def __init__(self) -> None:
         self.iterator: Checkpointed | None = None
-        self.loaded: Envelope | None = None  # the envelope load_state_dict took, until used
+        self.loaded: StateDict | None = None  # the envelope load_state_dict took, until used
         self.pending: Flat | None = None  # its flat layout (None: start from the beginning)
 
-    def state_dict(self, initial: Callable[[], Envelope]) -> Envelope:
+    def state_dict(self, initial: Callable[[], StateDict]) -> StateDict:
         """The latest iterator's state (``state`` None once it is exhausted), else the loaded one, else
         `initial()`: the pass starts from the beginning (mvp-dataset answers so before any iteration)."""
         if self.iterator is not None:
@@ -370,7 +383,7 @@ class LiveState:
         """Keep a checked state for the next iteration (`pending` None: it starts from the beginning); a
         version-1 state is answered by state_dict() in this version's envelope."""
         # An envelope is kept as given (checked by `unwrap`), so state_dict() answers it unchanged.
-        self.loaded = blob if "identity" in blob else wrap(blob, None)  # type: ignore[assignment]
+        self.loaded = public(blob if "identity" in blob else wrap(blob, None))
         self.pending = pending
 
     def start(self, iterator: Checkpointed, warn: bool) -> None:
@@ -399,4 +412,4 @@ class _Pickled(TypedDict):
     """A `LiveState` as it is pickled (without its iterator)."""
 
     pending: Flat | None
-    loaded: Envelope | None
+    loaded: StateDict | None

@@ -313,7 +313,7 @@ def _loader_left(
     """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
 
     Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in a
-    fixed rotation (`shardcache.loader.stream`), so the n-th sample the loader-side shuffle took is a
+    fixed rotation (`shardcache.loader.merge`), so the n-th sample the loader-side shuffle took is a
     known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
     """
     batch, workers = loader.batch, layout.workers
