@@ -10,7 +10,6 @@ whose `state_dict()` a trainer checkpoints (`shardcache.resume`).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,28 +18,24 @@ from shardcache.context import RuntimeContext, in_main_process, torch_worker_id
 from shardcache.daemon_access.telemetry import items_are_batches
 from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
-from shardcache.frameworks import accelerate_dispatch_batch, accelerate_skips_batches, accelerate_splits
+from shardcache.frameworks import accelerate_context, accelerate_dispatch_batch
 from shardcache.node import Node
 from shardcache.pipeline import mini_epochs as chunks
 from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
+from shardcache.pipeline.from_source import source_pipeline
 from shardcache.pipeline.iteration import PipelineIterator, start
 from shardcache.pipeline.mixed import mixed_source
 from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, initial_state
-from shardcache.resume.state import LiveState, ended_epoch
-from shardcache.shards import ShardRef, expand_shards
+from shardcache.resume.state import LiveState, StateDict, ended_epoch, public
 from shardcache.snapshots.boundary import cached
 from shardcache.snapshots.snapshot import FingerprintProvider, snapshot
-from shardcache.sources import SourceSpec, canonical_kind, check_options
+from shardcache.sources import SourceSpec
 from shardcache.sources.deal.counting import RunFacts
-from shardcache.sources.kinds import kind_of
-from shardcache.sources.lance.access import discover_versions
-from shardcache.sources.lance.source import check_daemon
-from shardcache.sources.opener import DaemonSetting, check_daemon_setting
-from shardcache.sources.options import PlanHints
+from shardcache.sources.opener import DaemonSetting
 from shardcache.spec import PipelineSpec
 from shardcache.stages import Stage, builders
 from shardcache.stages.resolve_ref import resolve_ref_stage
@@ -120,26 +115,7 @@ class Dataset:
         if source_kind == "mixed":  # sources=, strategy=, weights= (see shardcache.pipeline.mixed)
             members = _specs_of(options.pop("sources", shards))
             return cls(mixed_source(members, context=context, **options))
-        kind = canonical_kind(source_kind)
-        if context is not None and not isinstance(context, RuntimeContext):
-            raise ConfigError(f"context={context!r}: expected a RuntimeContext or None")
-        check_daemon_setting(daemon)
-        check_options(kind, options)
-        traits = kind_of(kind)
-        if traits.own_object_store:  # datasets named as given, read without the daemon
-            if isinstance(shards, (str, ShardRef)) or not isinstance(shards, Sequence):
-                shards = [shards]
-            refs = [s if isinstance(s, ShardRef) else ShardRef(str(s)) for s in shards]
-            check_daemon(daemon)
-            daemon = None
-        else:
-            refs = expand_shards(shards, data_suffix=traits.data_suffix)
-        given, hints = PlanHints.split(options)
-        if traits.own_object_store:  # each dataset's version, as the snapshot identity records it
-            urls = [ref.url for ref in refs]
-            versions = discover_versions(urls, given.get("storage_options"))
-            hints = dataclasses.replace(hints, versions=versions or None)
-        return cls(PipelineSpec(SourceSpec(kind, tuple(refs), given, context, daemon, hints)))
+        return cls(source_pipeline(source_kind, shards, context, daemon, options))
 
     @staticmethod
     def mix(
@@ -283,13 +259,13 @@ class Dataset:
         """A stable hash of the source and stage list (what a resume state must match)."""
         return self._spec.fingerprint()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         """The resume envelope (version, identity, state; `shardcache.resume.state`) of the most recent
         iterator, else of the state loaded and not yet used. Its ``state`` is None before any iteration and
         once the iterator is exhausted: loading it starts the next pass from the beginning."""
-        return self._live.state_dict(lambda: initial_state(self._spec, self.resolve_context()))
+        return self._live.state_dict(lambda: public(initial_state(self._spec, self.resolve_context())))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Make the next iteration resume from `state`: this reader's own `state_dict()` (or a version-1
         state), or the states of every rank merged by `shardcache.merge_states` (which resumes on any number
         of nodes, ranks and workers; see `shardcache.resume.elastic`; checks in `shardcache.resume.point`).
@@ -313,7 +289,7 @@ class Dataset:
         """
         self._spec.count_samples(self.resolve_context(context), always=always)
 
-    def partitioning_of(self, context: RuntimeContext | None = None) -> list[Any] | None:
+    def partitioning_of(self, context: RuntimeContext | None = None) -> list[str | float | None] | None:
         """[placement, even, exchange] as this dataset's source resolves them in `context` (None for a mix),
         as its states record them: what an elastic resume replays (`shardcache.resume.elastic`)."""
         return self._spec.partitioning_of(self.resolve_context(context))
@@ -373,27 +349,8 @@ class Dataset:
 
     def _reader_context(self) -> RuntimeContext:
         """This pass's context: the resolved one, or a job of one process where Accelerate splits the stream
-        among the ranks itself (`shardcache.frameworks`): every rank must then yield the whole epoch."""
-        ctx = self.resolve_context()
-        if not accelerate_splits(self):
-            return ctx
-        if accelerate_skips_batches():
-            raise ConfigError(
-                "Accelerate is replaying batches to skip them (skip_first_batches: the Hugging Face "
-                "Trainer's resume_from_checkpoint, or your own loop): over a shardcache Dataset that "
-                "replays the epoch set now, which the Trainer sets to 0 for a loader without a length, so "
-                "the resumed run would repeat and lose data. Resume through a TorchLoader with its state "
-                "instead: see docs/frameworks.md (shardcache.transformers.ShardcacheCallback)",
-                code="UnsupportedResume",
-            )
-        return RuntimeContext(
-            rank=0,
-            world_size=1,
-            worker_id=ctx.worker_id,
-            num_workers=ctx.num_workers,
-            epoch=ctx.epoch,
-            seed=ctx.seed,
-        )
+        among the ranks itself (`shardcache.frameworks.accelerate_context`)."""
+        return accelerate_context(self.resolve_context(), self)
 
     def build(self, ctx: RuntimeContext) -> Node:
         """The node chain of this pipeline for one slot (`shardcache.pipeline.build`)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import ctypes
@@ -88,15 +88,18 @@ class EpochClock:
         for i in range(_WORKERS, len(cells)):
             cells[i] = 0
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # Shared only with a worker being started (the one moment multiprocessing lets it travel); any
         # other pickle (a saved pipeline, a copy) carries the next epoch in a clock of its own.
         if multiprocessing.context.get_spawning_popen() is not None:
             return {"cells": self._cells}
         return {"epoch": self.next, "pinned": self.pinned}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         if "cells" in state:
-            self._cells = state["cells"]
+            self._cells = cast("ctypes.Array[ctypes.c_int64]", state["cells"])  # pickled by __getstate__
         else:
-            EpochClock.__init__(self, state["epoch"], state.get("pinned", False))
+            epoch, pinned = state["epoch"], state.get("pinned", False)
+            assert epoch is None or isinstance(epoch, int), "pickled by __getstate__"
+            assert isinstance(pinned, bool), "pickled by __getstate__"
+            EpochClock.__init__(self, epoch, pinned)

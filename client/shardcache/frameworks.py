@@ -27,6 +27,9 @@ import sys
 from types import FrameType
 from typing import Any
 
+from shardcache.context import RuntimeContext
+from shardcache.errors import ConfigError
+
 _LIGHTNING = ("pytorch_lightning.", "lightning.pytorch.", "lightning_fabric.", "lightning.fabric.")
 # Frames between a loader's `state_dict` and Lightning's code: its `_state_dicts` list comprehension and the
 # method around it (a frame each), with room for a wrapper of the user's.
@@ -105,3 +108,32 @@ def _worker_info() -> Any:
 
 def _wraps(held: object, dataset: object, shard_type: Any) -> bool:
     return isinstance(held, shard_type) and getattr(held, "dataset", None) is dataset
+
+
+def accelerate_context(ctx: RuntimeContext, dataset: object) -> RuntimeContext:
+    """The context a pass of `dataset` reads with, resolved as `ctx`: a job of one process where Accelerate
+    splits the stream among the ranks itself (`accelerate_splits`), for every rank must then yield the
+    whole epoch; else `ctx`.
+
+    Raises:
+        ConfigError: [UnsupportedResume] Accelerate replays batches to skip them over such a dataset.
+    """
+    if not accelerate_splits(dataset):
+        return ctx
+    if accelerate_skips_batches():
+        raise ConfigError(
+            "Accelerate is replaying batches to skip them (skip_first_batches: the Hugging Face "
+            "Trainer's resume_from_checkpoint, or your own loop): over a shardcache Dataset that "
+            "replays the epoch set now, which the Trainer sets to 0 for a loader without a length, so "
+            "the resumed run would repeat and lose data. Resume through a TorchLoader with its state "
+            "instead: see docs/frameworks.md (shardcache.transformers.ShardcacheCallback)",
+            code="UnsupportedResume",
+        )
+    return RuntimeContext(
+        rank=0,
+        world_size=1,
+        worker_id=ctx.worker_id,
+        num_workers=ctx.num_workers,
+        epoch=ctx.epoch,
+        seed=ctx.seed,
+    )

@@ -8,8 +8,8 @@ per-sample method dispatch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypedDict
 
 from shardcache.errors import StateError
 
@@ -22,7 +22,12 @@ else:
 
     T = TypeVar("T")
 
-State = dict[str, Any]
+# A node's state as its readers see it: a JSON object whose values each node checks when it loads it
+# (`field`, `state_below`). Each node kind returns its own TypedDict (a `Mapping[str, object]`), which
+# says what it writes; a loaded state is untrusted JSON until its node has read it.
+State = Mapping[str, object]
+
+V = TypeVar("V")
 
 # A JSON document as `json.loads` returns it: what descriptions, identities and wire payloads are when
 # no narrower type (a TypedDict) says more.
@@ -71,13 +76,18 @@ class Node(Generic[T]):
         How code outside a node walks a chain of states: through this and each node's own readers
         (`ShuffleNode.progress`, `sources.base.unit_position`), never by the keys themselves.
         """
-        below: State = _field(state, "up", dict)
-        return below
+        return state_of(state, "up")
 
     def close(self) -> None:
         """Release resources (open shards, daemon plans)."""
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
+
+
+class UpState(TypedDict):
+    """The state of a stage whose position is its upstream's (`StatelessNode`)."""
+
+    up: State
 
 
 class StatelessNode(Node[T]):
@@ -87,24 +97,30 @@ class StatelessNode(Node[T]):
         super().__init__()
         self.up = up
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> UpState:
         return {"up": self.up.state_dict()}
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        self.up.load_state_dict(_field(state, "up", dict))
+        self.up.load_state_dict(state_of(state, "up"))
 
     def close(self) -> None:
         super().close()
         self.up.close()
 
 
-def _field(state: State, name: str, kind: type) -> Any:
-    if not isinstance(state, dict) or not isinstance(state.get(name), kind):
+def field(state: object, name: str, kind: type[V]) -> V:
+    """`state[name]`, checked to be a `kind` (StateError naming the field when it is not): how a node reads
+    a loaded state's values once, at the boundary."""
+    value = state.get(name) if isinstance(state, Mapping) else None
+    if not isinstance(value, kind):
         raise StateError(
             f"resume state is missing {name!r} ({kind.__name__}); it was not taken from this pipeline"
         )
-    return state[name]
+    return value
 
 
-field = _field
+def state_of(state: object, name: str) -> State:
+    """The node state `state[name]` holds (a JSON object; StateError naming the field when it is not)."""
+    value: State = field(state, name, dict)
+    return value

@@ -16,7 +16,6 @@ import hashlib
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.memo import IdentityMemo
@@ -116,7 +115,7 @@ class PipelineSpec:
         node: SourceNode = node_class(self.source.kind)(self.source, ctx, self.facts)
         return node
 
-    def partitioning_of(self, ctx: RuntimeContext) -> list[Any] | None:
+    def partitioning_of(self, ctx: RuntimeContext) -> list[str | float | None] | None:
         """[placement, even, exchange] as the source resolves them in `ctx` (None for a composed root)."""
         if self.composed:
             return None

@@ -133,8 +133,8 @@ class EpochDecoder:
         return iter(())
 
     # No state: what was emitted is a function of the inputs, so the assemble stage checkpoints often.
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: object) -> None:
         pass

@@ -7,17 +7,17 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.loader.stream import MergeNode
+from shardcache.loader.merge import MergeNode
 from shardcache.loader.watchdog import StallWatchdog
-from shardcache.node import Node
+from shardcache.node import Node, State
 from shardcache.pipeline.iteration import close_all, close_telemetry
 from shardcache.pipeline.stage_times import StageClock, StageStats, StageTimes
-from shardcache.resume.state import live_of, wrap
+from shardcache.resume.state import LoaderHeader, LoaderState, StateDict, live_of, public, wrap
 
 
 class LoaderIterator:
@@ -26,10 +26,10 @@ class LoaderIterator:
     def __init__(
         self,
         node: Node,
-        header: dict[str, Any],
+        header: LoaderHeader | None,
         telemetry: Telemetry | None = None,
         watchdog: StallWatchdog | None = None,
-        runtime: dict[str, Any] | None = None,
+        runtime: Mapping[str, object] | None = None,
         clock: StageClock | None = None,
     ) -> None:
         self.node = node
@@ -39,7 +39,7 @@ class LoaderIterator:
         self.clock = clock  # the loader-side stages' times (None: none, or stage times are off)
         self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
         self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
-        self.epoch = int(header.get("epoch", 0))
+        self.epoch = 0 if header is None else header["epoch"]
         self._on_first: Callable[[int], None] | None = None
         self._next = node.__next__
         self.began = time.perf_counter()  # this pass's wall clock and the trainer's wait: `stats()`
@@ -48,7 +48,7 @@ class LoaderIterator:
         # (`keep_positions`): a framework's checkpoint then names the position its step had reached. One is
         # always kept (a node's state is a few references), so an integration set up after the pass began
         # (Lightning's first prefetch comes before any hook) still finds it.
-        self._before: deque[dict[str, Any]] = deque(maxlen=1)
+        self._before: deque[State] = deque(maxlen=1)
         # Node generators reference their node (a cycle), so an iterator dropped unfinished would otherwise
         # wait for the cyclic GC, which runs multiprocessing's queue finalizers before the DataLoader's own
         # shutdown: its workers then never see the stop message and are joined only after a 5 s timeout
@@ -103,7 +103,7 @@ class LoaderIterator:
         merge = merge_of(self.node)
         return 0 if merge is None else merge.skipped_shards
 
-    def state_dict(self, behind: int = 0) -> dict[str, Any]:
+    def state_dict(self, behind: int = 0) -> StateDict:
         """The resume envelope (`shardcache.resume.state.wrap`), small and JSON-serialisable: the loader's
         identity and layout, then its epoch and every node's position (None once exhausted).
 
@@ -121,11 +121,17 @@ class LoaderIterator:
                     code="InvalidResumeState",
                 )
             pipeline, ended = kept[-behind], False
-        return wrap({**self.header, "pipeline": pipeline}, self.runtime, ended=ended)
+        return public(wrap(self._state(pipeline), self.runtime, ended=ended))
 
-    def live_state(self) -> dict[str, Any]:
+    def live_state(self) -> StateDict:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return live_of({**self.header, "pipeline": self.node.state_dict()})
+        return public(live_of(self._state(self.node.state_dict())))
+
+    def _state(self, pipeline: State) -> LoaderState:
+        """The loader's flat state (`LoaderState`): its header, then the nodes' positions `pipeline`."""
+        if self.header is None:
+            raise UnsupportedResume("this TorchLoader iteration has no resume state")
+        return {**self.header, "pipeline": pipeline}
 
     def close(self) -> None:
         """Stop the workers and close the loader-side stages."""
@@ -143,7 +149,7 @@ def merge_of(node: Node) -> MergeNode | None:
 class PlainIterator(LoaderIterator):
     """One pass of a TorchLoader over a plain iterable: it has no state to save."""
 
-    def state_dict(self, behind: int = 0) -> dict[str, Any]:
+    def state_dict(self, behind: int = 0) -> StateDict:
         raise UnsupportedResume(
             "TorchLoader dataset does not implement identity(): over a plain iterable, only a "
             "shardcache.Dataset resumes"

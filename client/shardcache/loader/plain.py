@@ -11,7 +11,7 @@ from typing import Any
 
 from shardcache.errors import UnsupportedResume
 from shardcache.loader.stream import passthrough, torch_data
-from shardcache.node import Node
+from shardcache.node import Node, State
 
 
 class PlainStream:
@@ -69,8 +69,8 @@ class PlainNode(Node):
         )
         yield from loader
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> State:
         return {}  # no position: stages above read it while they run; the loader's iterator refuses to save
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         raise UnsupportedResume("TorchLoader over a plain iterable: only a shardcache.Dataset resumes")

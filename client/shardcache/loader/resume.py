@@ -11,26 +11,31 @@ and the workers' start states, for an elastic resume from merged states too
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
 from shardcache.formatting import callable_name
-from shardcache.loader.stream import MergeNode
-from shardcache.node import Node
+from shardcache.loader.merge import MergeNode
+from shardcache.node import Node, field, state_of
 from shardcache.resume.check import spec_parts
 from shardcache.resume.elastic import (
     check_merged,
     elastic_state,
     is_merged,
+    merged_ranks,
     origin_of,
     source_position,
 )
 from shardcache.resume.state import (
     IDENTITY_KEYS,
     STATE_VERSION,
+    ElasticState,
+    Envelope,
+    Flat,
+    LoaderHeader,
     check_fingerprint,
     check_identity,
     check_seed,
@@ -40,7 +45,13 @@ from shardcache.resume.state import (
 )
 from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.sources.deal.partition import Layout, Partitioning
-from shardcache.sources.deal.pieces import ElasticOrigin, LoaderShuffleOrigin, ShuffleProgress, needs_counts
+from shardcache.sources.deal.pieces import (
+    ElasticOrigin,
+    LoaderShuffleOrigin,
+    OriginState,
+    ShuffleProgress,
+    needs_counts,
+)
 from shardcache.spec import PipelineSpec
 from shardcache.stages import Stage
 from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
@@ -83,7 +94,7 @@ class LoaderShape:
         ]
 
 
-def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | None = None) -> dict[str, Any]:
+def header(shape: LoaderShape, ctx: RuntimeContext, origin: OriginState | None = None) -> LoaderHeader:
     """What a state of the loader's iteration as `ctx` starts with, before the nodes' positions (`origin`:
     where an elastic resume started this epoch); `LoaderState` less its ``pipeline``."""
     return {
@@ -99,18 +110,18 @@ def header(shape: LoaderShape, ctx: RuntimeContext, origin: dict[str, Any] | Non
         "epoch": ctx.epoch,
         # What an elastic resume through a loader-side shuffle needs to replay this epoch's plan.
         "partitioning": shape.dataset.partitioning_of(ctx),
-        ORDER_KEY: ORDER_VERSION,  # the epoch order that plan is dealt in (`sources.deal.order`)
+        "order": ORDER_VERSION,  # ORDER_KEY: the epoch order that plan is dealt in (`sources.deal.order`)
         "origin": origin,
     }
 
 
-def initial_state(shape: LoaderShape, ctx: RuntimeContext) -> dict[str, Any]:
+def initial_state(shape: LoaderShape, ctx: RuntimeContext) -> Envelope:
     """The envelope of a loader that has not begun (``state`` None): its identity alone."""
     own = {key: value for key, value in header(shape, ctx).items() if key in IDENTITY_KEYS}
     return initial(own, ctx.identity())
 
 
-def check_loaded(shape: LoaderShape, blob: Any, ctx: RuntimeContext) -> dict[str, Any] | None:
+def check_loaded(shape: LoaderShape, blob: object, ctx: RuntimeContext) -> Flat | None:
     """Refuse a state `TorchLoader.load_state_dict` cannot take (`ctx`: the loader's context now), in an
     envelope or version 1's flat layout. Returns the flat layout, None to start from the beginning."""
     loaded = unwrap(blob, "TorchLoader resume state")
@@ -122,8 +133,13 @@ def check_loaded(shape: LoaderShape, blob: Any, ctx: RuntimeContext) -> dict[str
                 code="ResumeIdentityMismatch",
             )
         # An elastic resume may change num_workers: the rest of the loader must be the same.
-        saved = (state.get("states") or [state])[0]
+        saved = (merged_ranks(state) or [state])[0]
         workers = saved.get("num_workers", shape.num_workers)
+        if not isinstance(workers, int):
+            raise StateError(
+                f"TorchLoader resume state field 'num_workers'={workers!r} must be an integer",
+                code="InvalidResumeState",
+            )
         check_merged(state, shape.fingerprint(workers), shape.parts(workers))
         if loaded.fresh:
             return None
@@ -136,7 +152,7 @@ def check_loaded(shape: LoaderShape, blob: Any, ctx: RuntimeContext) -> dict[str
     return None if loaded.fresh else state
 
 
-def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext, fresh: bool = False) -> None:
+def check_state(shape: LoaderShape, state: object, ctx: RuntimeContext, fresh: bool = False) -> None:
     """Refuse a loader's own state of another kind, version, layout or pipeline, or a truncated one
     (`fresh`: an envelope whose ``state`` is None, which has only its identity to check)."""
     if not isinstance(state, dict) or state.get("kind") != "torch_loader":
@@ -182,25 +198,26 @@ def check_state(shape: LoaderShape, state: Any, ctx: RuntimeContext, fresh: bool
 
 
 def resume_start(
-    shape: LoaderShape, pending: dict[str, Any] | None, ctx: RuntimeContext
-) -> tuple[dict[str, Any] | None, dict[int, Any], RuntimeContext]:
+    shape: LoaderShape, pending: Flat | None, ctx: RuntimeContext
+) -> tuple[Flat | None, dict[int, ElasticState], RuntimeContext]:
     """Where the loader's iteration as `ctx` starts: its own checked state (None: none, or an elastic
     resume), the workers' start states, and the context with the saved epoch."""
-    worker_states: dict[int, Any] = {}
+    worker_states: dict[int, ElasticState] = {}
     if pending is not None and pending.get("kind") == "merged":
         pending, worker_states, epoch = _from_merged(shape, pending, ctx)
         ctx = ctx.with_epoch(epoch)
     if pending is not None:
         check_state(shape, pending, ctx)
-        ctx = ctx.with_epoch(int(pending["epoch"]))
+        ctx = ctx.with_epoch(field(pending, "epoch", int))
     return pending, worker_states, ctx
 
 
 def _from_merged(
-    shape: LoaderShape, merged: dict[str, Any], ctx: RuntimeContext
-) -> tuple[dict[str, Any] | None, dict[int, Any], int]:
+    shape: LoaderShape, merged: Flat, ctx: RuntimeContext
+) -> tuple[Flat | None, dict[int, ElasticState], int]:
     """This rank's own state when the layout is unchanged; else every worker's elastic start state."""
-    states = merged["states"]
+    states = merged_ranks(merged)
+    epoch = field(merged, "epoch", int)
     first = states[0]
     unchanged = (first.get("dp_size"), first.get("num_workers"), first.get("node_groups")) == (
         ctx.dp_size,
@@ -208,13 +225,13 @@ def _from_merged(
         ctx.node_groups,
     )
     if unchanged:
-        return states[ctx.dp_rank], {}, int(merged["epoch"])
+        return states[ctx.dp_rank], {}, epoch
     if any(isinstance(stage, ShuffleStage) for stage in shape.stages):
         origin = _loader_shuffle_origin(shape, merged)
     else:
-        entries: list[tuple[int, dict[str, Any] | None, bool]] = []
+        entries: list[tuple[int, Mapping[str, object] | None, bool]] = []
         for state in states:
-            merge = state["pipeline"]
+            merge = state_of(state, "pipeline")
             for stage in reversed(shape.stages):
                 if not stage.passes_position:  # the loader's own: map, batch (it has no select)
                     raise UnsupportedResume(
@@ -224,23 +241,23 @@ def _from_merged(
                         "an unbatch) on the loader"
                     )
                 merge = Node.state_below(merge)
-            streams = max(1, int(state["num_workers"]))
+            streams = max(1, field(state, "num_workers", int))
             done = MergeNode.exhausted_workers(merge)
             workers = MergeNode.worker_states(merge)
             for w in range(streams):
-                slot = int(state["dp_rank"]) * streams + w
+                slot = field(state, "dp_rank", int) * streams + w
                 worker = workers.get(w)
                 stages = shape.dataset.stages
-                position = None if worker is None else source_position(stages, worker["pipeline"])
+                position = None if worker is None else source_position(stages, state_of(worker, "pipeline"))
                 entries.append((slot, position, w in done))
-        origin = origin_of(entries, int(merged["epoch"]), shape.dataset.stages)
+        origin = origin_of(entries, epoch, shape.dataset.stages)
     if needs_counts(origin):  # here in the main process: the workers get the counts with the dataset
         shape.dataset.count_samples(ctx, always=True)
     start = elastic_state(shape.dataset.fingerprint(), origin)
-    return None, {w: start for w in range(max(1, shape.num_workers))}, int(merged["epoch"])
+    return None, {w: start for w in range(max(1, shape.num_workers))}, epoch
 
 
-def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> ElasticOrigin:
+def _loader_shuffle_origin(shape: LoaderShape, merged: Flat) -> ElasticOrigin:
     """The origin of an elastic resume through a loader-side shuffle (`sources.deal.pieces._loader_left`):
     each old rank's shuffle progress, with the layout and partitioning its header recorded."""
 
@@ -264,22 +281,24 @@ def _loader_shuffle_origin(shape: LoaderShape, merged: dict[str, Any]) -> Elasti
     if shape.drop_last:
         raise refuse("drop_last=False for the workers' batches")
     ranks: dict[int, ShuffleProgress] = {}
-    first = merged["states"][0]
+    states = merged_ranks(merged)
+    first = states[0]
     if first.get("partitioning") is None:
         raise refuse("a state taken by this version (it records the partitioning)")
-    for state in merged["states"]:
-        node = state["pipeline"]
+    for state in states:
+        node = state_of(state, "pipeline")
         for _ in stages[at + 1 :]:  # map and batch after the shuffle: their state is the shuffle's
             node = Node.state_below(node)
-        ranks[int(state["dp_rank"])] = ShuffleProgress(*ShuffleNode.progress(node))
+        ranks[field(state, "dp_rank", int)] = ShuffleProgress(*ShuffleNode.progress(node))
     nested = first.get("origin")
+    groups, size, workers = (field(first, key, int) for key in ("node_groups", "dp_size", "num_workers"))
     return ElasticOrigin(
-        epoch=int(merged["epoch"]),
-        layout=Layout(int(first["node_groups"]), int(first["dp_size"]), max(1, int(first["num_workers"]))),
-        partitioning=Partitioning(*first["partitioning"]),
+        epoch=field(merged, "epoch", int),
+        layout=Layout(groups, size, max(1, workers)),
+        partitioning=Partitioning(*field(first, "partitioning", list)),
         slots={},
         exhausted=frozenset(),
-        origin=None if nested is None else ElasticOrigin.of(nested),
+        origin=None if nested is None else ElasticOrigin.of(field(first, "origin", dict)),
         order_version=first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         shuffle=None,
         loader=LoaderShuffleOrigin(

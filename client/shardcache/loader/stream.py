@@ -1,18 +1,13 @@
-"""TorchLoader's resumable merge of DataLoader workers.
+"""What a TorchLoader's DataLoader workers iterate, and how they start each epoch.
 
 Each worker iterates its own slot of the pipeline through `WorkerStream`, which yields
 ``(worker_id, payload, state_after_payload, done, times)``: the payload is one sample or one worker-side
 batch, the state is the worker's pipeline position after it, a final ``done`` item says the worker's stream
 has ended, and ``times`` is the worker's running `StageTimes` now and then (None in between; see
 `shardcache.pipeline.stage_times.TimesOutbox`): how its stage times reach the trainer's `stats()` and
-telemetry. The main process does not trust the order in which the DataLoader hands items over (after a
-resume it starts at worker 0 again, whatever the rotation was); `MergeNode` buffers what arrives and
-yields workers in its own strict rotation, skipping exhausted ones.
-
-So the merged position is small and exact: each worker's pipeline state after the last payload the main
-process consumed (items the DataLoader prefetched but nobody consumed are not counted), the next worker in
-the rotation, and the exhausted workers. Resuming passes each worker its state through the wrapped dataset
-before the DataLoader iterator is created; a worker loads it when it starts.
+telemetry. The main process merges the workers' items in its own rotation (`shardcache.loader.merge`).
+Resuming passes each worker its state (an `EpochOrder`) through the wrapped dataset before the DataLoader
+iterator is created; a worker loads it when it starts.
 
 Persistent workers (`persistent_workers=True`, the default with workers): one DataLoader serves every
 epoch, so its workers start once. What changes between epochs (the epoch, the workers' start states, the
@@ -33,8 +28,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -44,11 +38,10 @@ from typing import Any
 import numpy.random  # noqa: F401
 
 from shardcache.dataset import Dataset
-from shardcache.errors import StateError
 from shardcache.loader.fork_memory import frozen_for_fork
 from shardcache.loader.watchdog import register_worker
-from shardcache.node import Node, State, field
-from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, add_times, timed_collate
+from shardcache.node import State
+from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, timed_collate
 from shardcache.sources.deal.counting import RunFacts
 
 logger = logging.getLogger(__name__)
@@ -73,7 +66,7 @@ class EpochOrder:
     """
 
     epoch: int | None
-    states: dict[int, State] = dataclass_field(default_factory=dict)
+    states: Mapping[int, State] = dataclass_field(default_factory=dict)
     exhausted: frozenset[int] = frozenset()
     facts: RunFacts | None = None
 
@@ -317,114 +310,3 @@ def remove_dead_run_dirs(tmp: Path) -> int:
     if removed:
         logger.info("removed %d run directories of TorchLoaders that are gone from %s", removed, tmp)
     return removed
-
-
-class MergeNode(Node):
-    """The workers' payloads in a fixed rotation; its state is every worker's position (see the module).
-
-    Args:
-        open_loader: Builds the DataLoader iterator over a `WorkerStream` given the workers' states and the
-            exhausted workers.
-        num_workers: The DataLoader's num_workers (0 counts as one stream, in the main process).
-    """
-
-    def __init__(
-        self, open_loader: Callable[[dict[int, State], frozenset[int]], Iterator[Item]], num_workers: int
-    ) -> None:
-        super().__init__()
-        self.open_loader = open_loader
-        self.streams = max(1, num_workers)
-        self.states: dict[int, State] = {}
-        self.next_worker = 0
-        self.exhausted: set[int] = set()
-        # For the stall watchdog: since when the merge waits for worker `next_worker` (None: not waiting),
-        # and when each worker's latest item arrived (monotonic seconds).
-        self.waiting_since: float | None = None
-        self.arrived_at: dict[int, float] = {}
-        # Each worker's latest running stage times, as they arrive (`stage_times`).
-        self.worker_times: dict[int, StageTimes] = {}
-
-    def gen(self) -> Iterator[Any]:
-        source = self.open_loader(dict(self.states), frozenset(self.exhausted))
-        waiting: dict[int, deque[Item]] = {w: deque() for w in range(self.streams)}
-        streams, states, exhausted, arrived = self.streams, self.states, self.exhausted, self.arrived_at
-        worker_times = self.worker_times
-        clock = time.monotonic
-        try:
-            while len(exhausted) < streams:
-                w = self.next_worker
-                if w in exhausted:
-                    self.next_worker = (w + 1) % streams
-                    continue
-                queue = waiting[w]
-                if not queue:
-                    self.waiting_since = clock()
-                while not queue:
-                    try:
-                        item = next(source)
-                    except StopIteration:
-                        raise StateError(
-                            f"DataLoader worker {w} stopped without its end marker; was the dataset "
-                            "iterated outside TorchLoader?"
-                        ) from None
-                    waiting[item[0]].append(item)
-                    arrived[item[0]] = clock()
-                    if item[4] is not None:
-                        worker_times[item[0]] = item[4]
-                self.waiting_since = None
-                _, payload, state, done, _ = queue.popleft()
-                if state is not None:
-                    states[w] = state
-                self.next_worker = (w + 1) % streams
-                if done:
-                    exhausted.add(w)
-                    continue
-                yield payload
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    @property
-    def skipped_shards(self) -> int:
-        """Shards the workers skipped (`on_error="skip"`), as of the payloads consumed so far.
-
-        Carried in each worker's state (`PipelineIterator.position`), so it costs nothing extra per item.
-        """
-        return sum(int(s.get("skipped_shards", 0)) for s in self.states.values())
-
-    def stage_times(self) -> StageTimes:
-        """The workers' stage times summed, as of their latest items to arrive."""
-        return add_times(list(self.worker_times.values()))
-
-    @staticmethod
-    def worker_states(state: State) -> dict[int, State]:
-        """Each worker's pipeline state in a merge state, by worker id (workers not started are absent)."""
-        return {int(w): s for w, s in field(state, "workers", dict).items()}
-
-    @staticmethod
-    def exhausted_workers(state: State) -> set[int]:
-        """The workers whose streams had ended when a merge state was taken."""
-        return {int(w) for w in field(state, "exhausted", list)}
-
-    def state_dict(self) -> State:
-        return {
-            "workers": {str(w): s for w, s in sorted(self.states.items())},
-            "next_worker": self.next_worker,
-            "exhausted": sorted(self.exhausted),
-        }
-
-    def load_state_dict(self, state: State) -> None:
-        self._check_not_started()
-        workers = field(state, "workers", dict)
-        next_worker = field(state, "next_worker", int)
-        exhausted = field(state, "exhausted", list)
-        ids = [int(w) for w in workers] + [int(w) for w in exhausted] + [next_worker]
-        if any(not 0 <= w < self.streams for w in ids):
-            raise StateError(
-                f"resume state names DataLoader workers {sorted(set(ids))}, this loader has "
-                f"{self.streams} stream(s); resume with the same num_workers"
-            )
-        self.states = {int(w): s for w, s in workers.items()}
-        self.next_worker = next_worker
-        self.exhausted = {int(w) for w in exhausted}

@@ -8,7 +8,7 @@ Resume states (identity, checks, the workers' start states) are `shardcache.load
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from shardcache.context import RuntimeContext
@@ -17,18 +17,18 @@ from shardcache.dataset import Dataset
 from shardcache.errors import ConfigError, UnsupportedResume, positive_int
 from shardcache.frameworks import called_by_lightning
 from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
+from shardcache.loader.merge import MergeNode
 from shardcache.loader.plain import PlainNode, PlainStream
 from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
 from shardcache.loader.stream import (
     EpochOrder,
-    MergeNode,
     WorkerHome,
     WorkerLauncher,
     WorkerStream,
     torch_data,
 )
 from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
-from shardcache.node import Node
+from shardcache.node import Node, state_of
 from shardcache.pipeline.stage_times import (
     LOADER_PREFIX,
     StageClock,
@@ -38,7 +38,7 @@ from shardcache.pipeline.stage_times import (
     timed_stages,
 )
 from shardcache.resume.job import job_state
-from shardcache.resume.state import LiveState
+from shardcache.resume.state import LiveState, StateDict, public
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
@@ -61,7 +61,7 @@ class TorchLoader:
     Iteration is resumable: `state_dict()` after any item, `load_state_dict(state)` on a fresh TorchLoader
     built the same way (same dataset, stages, batch size and num_workers; same ranks), and the next
     iteration yields exactly what the uninterrupted one would have yielded next. The main process merges
-    the workers in a fixed rotation (see `shardcache.loader.stream`), so the order of items does not
+    the workers in a fixed rotation (see `shardcache.loader.merge`), so the order of items does not
     depend on worker timing. A resume restarts the workers at their saved positions; loader-side shuffle
     and assemble restart them a little earlier and re-read up to their checkpoint (see their modules: an
     assembler without its own state re-reads from the epoch start).
@@ -234,7 +234,7 @@ class TorchLoader:
         """A stable hash of the dataset, the worker-side batching and the loader-side stages."""
         return self._shape().fingerprint()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         """The resume envelope (version, identity, state) of the most recent iteration, else of the state
         loaded and not yet used. Its ``state`` is None before any iteration and once the iteration is
         exhausted: loading it starts the next pass from the beginning.
@@ -254,7 +254,9 @@ class TorchLoader:
         if ahead > 0 and isinstance(iterator, LoaderIterator):
             state = iterator.state_dict(behind=ahead)
         else:
-            state = self._live.state_dict(lambda: initial_state(shape, self.dataset.resolve_context()))
+            state = self._live.state_dict(
+                lambda: public(initial_state(shape, self.dataset.resolve_context()))
+            )
         if self._fetched_ahead is None and state.get("state") is not None and called_by_lightning():
             raise ConfigError(
                 "Lightning is checkpointing this TorchLoader in the middle of an epoch: add "
@@ -271,7 +273,7 @@ class TorchLoader:
         _check_scope("scope", scope)
         self._fetched_ahead, self._keep_positions, self.state_scope = fetched_ahead, keep, scope
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Make the next iteration resume from `state` (as taken by `state_dict()`, or a version-1 state).
 
         Raises:
@@ -348,9 +350,9 @@ class TorchLoader:
             node = clock.timed(merge, "workers", shown=False)
             node = timed_stages(node, self.stages, ctx, clock, prefix=LOADER_PREFIX)
         if pending is not None:
-            node.load_state_dict(pending["pipeline"])
-        start: dict[str, Any] = next(iter(worker_states.values()), {})
-        origin = start.get("origin")  # where an elastic resume started this epoch
+            node.load_state_dict(state_of(pending, "pipeline"))
+        start = next(iter(worker_states.values()), None)
+        origin = None if start is None else start["origin"]  # where an elastic resume started this epoch
         iterator = LoaderIterator(
             node,
             header(shape, ctx, origin),
@@ -374,7 +376,7 @@ class TorchLoader:
         node: Node = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
         for stage in self.stages:
             node = stage.node(node, ctx)
-        iterator = PlainIterator(node, {})
+        iterator = PlainIterator(node, None)
         self._live.start(iterator, warn=True)
         return iterator
 

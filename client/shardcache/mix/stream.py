@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict
 
 import numpy as np
 
 from shardcache.errors import ConfigError, StateError
 from shardcache.mix.plan import epoch_rng
+from shardcache.node import State, field
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVar
@@ -38,13 +39,53 @@ class PassSource(Protocol[T]):
 
     name: str
 
-    def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[T]:
+    def open(self, pass_index: int, state: dict[str, object] | None) -> Iterator[T]:
         """An iterator over pass `pass_index`, resumed from `state` (the iterator's own state) if given."""
         ...
 
-    def state(self, iterator: Iterator[T]) -> dict[str, Any]:
+    def state(self, iterator: Iterator[T]) -> State:
         """The state of an iterator returned by `open`, before its next item."""
         ...
+
+
+# A `PassStream`'s state: its pass, the samples taken in it and in all, the pass iterator's state (the
+# functional form: "pass" is a keyword).
+PassState = TypedDict("PassState", {"pass": int, "taken_in_pass": int, "taken": int, "inner": "State | None"})
+
+
+class InterleaveState(TypedDict):
+    """An `InterleaveIterator`'s state: samples drawn in the epoch, each stream's state."""
+
+    position: int
+    streams: list[PassState]
+
+
+class RecipeState(TypedDict):
+    """A `RecipeIterator`'s state: batches yielded, each stream's state."""
+
+    batches: int
+    streams: list[PassState]
+
+
+class OrderedMixState(TypedDict):
+    """An `OrderedMixIterator`'s state: picks drawn, the round-robin cursor, the credits, which sources
+    are exhausted, each stream's state."""
+
+    position: int
+    cursor: int
+    credit: list[int]
+    exhausted: list[bool]
+    streams: list[PassState]
+
+
+def stream_states(state: State, count: int) -> list[State]:
+    """The ``streams`` of a mix state, one per source (StateError when it does not hold `count`)."""
+    streams = field(state, "streams", list)
+    if len(streams) != count:
+        raise StateError(f"mix state has {len(streams)} sources but this mix has {count}")
+    if not all(isinstance(sub, dict) for sub in streams):
+        raise StateError("mix state field 'streams' holds a stream state that is not an object")
+    return streams
 
 
 class PassStream(Generic[T]):
@@ -68,7 +109,7 @@ class PassStream(Generic[T]):
         self.pass_index = 0
         self.taken_in_pass = 0
         self.taken = 0
-        self._inner_state: dict[str, Any] | None = None
+        self._inner_state: dict[str, object] | None = None
         self._it: Iterator[T] | None = None
 
     def __iter__(self) -> PassStream[T]:
@@ -106,7 +147,7 @@ class PassStream(Generic[T]):
         if close is not None:
             close()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PassState:
         """Pass, counts and the inner iterator's state."""
         inner = self.source.state(self._it) if self._it is not None else self._inner_state
         return {
@@ -116,12 +157,15 @@ class PassStream(Generic[T]):
             "inner": inner,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         """Resume at `state` (from `state_dict`)."""
-        self.pass_index = int(state["pass"])
-        self.taken_in_pass = int(state["taken_in_pass"])
-        self.taken = int(state["taken"])
-        self._inner_state = state["inner"]
+        self.pass_index = field(state, "pass", int)
+        self.taken_in_pass = field(state, "taken_in_pass", int)
+        self.taken = field(state, "taken", int)
+        inner = state.get("inner")
+        if inner is not None and not isinstance(inner, dict):
+            raise StateError(f"mix state field 'inner'={inner!r} must be an object")
+        self._inner_state = inner
         self._it = None
 
 
@@ -178,18 +222,15 @@ class InterleaveIterator(Generic[T]):
         self.position += 1
         return next(self.streams[source])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> InterleaveState:
         """The position in the epoch and each stream's state."""
         return {"position": self.position, "streams": [s.state_dict() for s in self.streams]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         """Resume at `state`: block counts up to the position are redrawn from the seeded RNG."""
-        if len(state["streams"]) != len(self.streams):
-            raise StateError(
-                f"mix state has {len(state['streams'])} sources but this mix has {len(self.streams)}"
-            )
-        self.position = int(state["position"])
-        for stream, sub in zip(self.streams, state["streams"], strict=True):
+        streams = stream_states(state, len(self.streams))
+        self.position = field(state, "position", int)
+        for stream, sub in zip(self.streams, streams, strict=True):
             stream.load_state_dict(sub)
 
 
@@ -233,18 +274,15 @@ class RecipeIterator(Generic[T]):
         self.batches += 1
         return [sample for part in parts for sample in part]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> RecipeState:
         """Batches yielded and each stream's state (states are taken between batches)."""
         return {"batches": self.batches, "streams": [s.state_dict() for s in self.streams]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         """Resume at `state` (from `state_dict`)."""
-        if len(state["streams"]) != len(self.streams):
-            raise StateError(
-                f"mix state has {len(state['streams'])} sources but this mix has {len(self.streams)}"
-            )
-        self.batches = int(state["batches"])
-        for stream, sub in zip(self.streams, state["streams"], strict=True):
+        streams = stream_states(state, len(self.streams))
+        self.batches = field(state, "batches", int)
+        for stream, sub in zip(self.streams, streams, strict=True):
             stream.load_state_dict(sub)
 
 
@@ -349,7 +387,7 @@ class OrderedMixIterator:
                 return i
         return active[-1]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> OrderedMixState:
         """Picks drawn, cursor, credits, exhausted sources and each stream's state."""
         return {
             "position": self.position,
@@ -359,14 +397,17 @@ class OrderedMixIterator:
             "streams": [s.state_dict() for s in self.streams],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         """Resume at `state` (from `state_dict`)."""
         n = len(self.streams)
         lists = [state.get(k) for k in ("credit", "exhausted", "streams")]
         if not all(isinstance(v, list) and len(v) == n for v in lists):
             raise StateError(f"mixed state does not hold {n} sources; it was not taken from this mix")
-        self.position, self.cursor = int(state["position"]), int(state["cursor"])
-        self.credit = [int(c) for c in state["credit"]]
-        self.exhausted = [bool(e) for e in state["exhausted"]]
-        for stream, sub in zip(self.streams, state["streams"], strict=True):
+        self.position, self.cursor = field(state, "position", int), field(state, "cursor", int)
+        credit, exhausted = field(state, "credit", list), field(state, "exhausted", list)
+        if not all(isinstance(c, int) for c in credit):
+            raise StateError(f"mix state field 'credit'={credit!r} must list integers")
+        self.credit = [int(c) for c in credit]
+        self.exhausted = [bool(e) for e in exhausted]
+        for stream, sub in zip(self.streams, stream_states(state, n), strict=True):
             stream.load_state_dict(sub)

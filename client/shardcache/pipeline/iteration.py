@@ -7,7 +7,7 @@ import functools
 import itertools
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardcache.context import RuntimeContext
@@ -19,7 +19,7 @@ from shardcache.pipeline.build import build
 from shardcache.pipeline.stage_times import StageClock, StageStats, StageTimes, stage_times_enabled
 from shardcache.resume.check import spec_parts
 from shardcache.resume.point import check_loaded, resume_point
-from shardcache.resume.state import STATE_VERSION, DatasetState, live_of, wrap
+from shardcache.resume.state import STATE_VERSION, DatasetState, Flat, StateDict, live_of, public, wrap
 from shardcache.sources import SourceSpec
 from shardcache.sources.base import source_below
 from shardcache.sources.deal.schedule import source_job
@@ -103,7 +103,7 @@ class PipelineIterator:
         closers = (self.node.close, close_telemetry(telemetry))
         self._finalizer = weakref.finalize(self, functools.partial(close_all, *closers))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Go on from `state` instead (mvp-dataset's iterator method): what `Dataset.load_state_dict` takes,
         checked the same way; the nodes are built again at its position and the current ones closed.
 
@@ -146,16 +146,16 @@ class PipelineIterator:
                 self._on_first(self.context.epoch)
         return item
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> StateDict:
         """The resume envelope (`shardcache.resume.state.wrap`): small and JSON-serialisable; its ``state``
         is None once this iterator is exhausted (the next pass starts from the beginning)."""
-        return wrap(self.position(), self.context.identity(), ended=self.exhausted)
+        return public(wrap(self.position(), self.context.identity(), ended=self.exhausted))
 
-    def live_state(self) -> dict[str, Any]:
+    def live_state(self) -> StateDict:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return live_of(self.position())
+        return public(live_of(self.position()))
 
-    def position(self) -> dict[str, Any]:
+    def position(self) -> DatasetState:
         """The flat state (`DatasetState`): what a TorchLoader's workers send with every item, and what a
         loaded state becomes (`shardcache.resume.state.unwrap`)."""
         state: DatasetState = {
@@ -170,7 +170,7 @@ class PipelineIterator:
             # A count, not a position: how TorchLoader's workers report skips to the main process.
             "skipped_shards": self.skipped_shards,
         }
-        return dict(state)
+        return state
 
     @property
     def clock(self) -> StageClock | None:
@@ -227,7 +227,7 @@ def _padded(next_item: Callable[[], Any], multiple: int) -> Iterator[Any]:
         yield from itertools.islice(itertools.cycle(head), -count % multiple)
 
 
-def start(spec: PipelineSpec, ctx: RuntimeContext, pending: dict[str, Any] | None) -> PipelineIterator:
+def start(spec: PipelineSpec, ctx: RuntimeContext, pending: Flat | None) -> PipelineIterator:
     """Begin the pass of the slot `ctx` names over `spec`, from the loaded state `pending` (None: from the
     start of `ctx`'s epoch; a state sets the epoch it was taken in)."""
     spec.facts.capture()

@@ -96,13 +96,13 @@ class _MemberPasses:
         self.spec = spec
         self.ctx = ctx
 
-    def open(self, pass_index: int, state: dict[str, Any] | None) -> Iterator[Any]:
+    def open(self, pass_index: int, state: dict[str, object] | None) -> Iterator[Any]:
         node = build(self.spec, dataclasses.replace(self.ctx, seed=pass_seed(self.ctx.seed, pass_index)))
         if state is not None:
             node.load_state_dict(state)
         return node
 
-    def state(self, iterator: Iterator[Any]) -> dict[str, Any]:
+    def state(self, iterator: Iterator[Any]) -> State:
         assert isinstance(iterator, Node)
         return iterator.state_dict()
 

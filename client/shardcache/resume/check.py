@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from shardcache.memo import IdentityMemo
 from shardcache.spec import PipelineSpec
@@ -197,7 +197,7 @@ def describe_mismatch(saved: Sequence[str], current: Sequence[str]) -> str:
     return "; ".join(problems) if problems else "the pipelines describe the same (the fingerprints differ)"
 
 
-def mismatch_message(state: Any, current: Sequence[str]) -> str:
+def mismatch_message(state: object, current: Sequence[str]) -> str:
     """The refusal's detail for a state that may or may not carry descriptions (older states do not)."""
     saved = state.get("stages") if isinstance(state, dict) else None
     if not isinstance(saved, list) or not all(isinstance(s, str) for s in saved):
@@ -205,7 +205,15 @@ def mismatch_message(state: Any, current: Sequence[str]) -> str:
     return describe_mismatch(saved, current)
 
 
-def identity_views(parts: Sequence[str]) -> dict[str, Any]:
+class IdentityViews(TypedDict):
+    """mvp-dataset's identity keys of a state (`identity_views`): views of its descriptions."""
+
+    source: dict[str, str] | None  # the source's options, kind, description and source_fingerprint
+    stages: list[dict[str, str]]  # each dataset stage's kind and description
+    loader: dict[str, object] | None  # a TorchLoader's kind, description and stages
+
+
+def identity_views(parts: Sequence[str]) -> IdentityViews:
     """mvp-dataset's identity keys, read from a state's short descriptions (`short_descriptions`): the
     ``source`` (its kind, options and a ``source_fingerprint``), the dataset's ``stages`` and the ``loader``
     (its batching and stages; None for a Dataset's state), each stage as ``{"kind", "description"}``.
@@ -217,7 +225,7 @@ def identity_views(parts: Sequence[str]) -> dict[str, Any]:
         return {"source": None, "stages": [], "loader": None}
     head = parts[0]
     kind, args, _ = _parse(head)
-    options: dict[str, Any] = {}
+    options: dict[str, str] = {}
     for name, text in _named(kind, args, source=True).items():
         options[name] = _value(text)
     source = {
@@ -229,7 +237,7 @@ def identity_views(parts: Sequence[str]) -> dict[str, Any]:
     rest = list(parts[1:])
     at = next((i for i, part in enumerate(rest) if _parse(part)[0] == "loader"), None)
     dataset_stages = rest if at is None else rest[:at]
-    loader = None
+    loader: dict[str, object] | None = None
     if at is not None:
         loader = {
             "kind": "torch_loader",
@@ -249,7 +257,7 @@ def _stage_view(description: str) -> dict[str, str]:
     return {"kind": _MVP_KIND.get(kind, kind), "description": description}
 
 
-def _value(text: str) -> Any:
+def _value(text: str) -> str:
     """An option's value as written in a description (a Python repr): the string itself for strings."""
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]

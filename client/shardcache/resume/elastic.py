@@ -33,13 +33,24 @@ again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.node import Node
-from shardcache.resume.state import STATE_VERSION, check_fingerprint, check_version, unwrap, wrap
+from shardcache.node import Node, State, field, state_of
+from shardcache.resume.state import (
+    STATE_VERSION,
+    ElasticState,
+    Envelope,
+    Flat,
+    MergedState,
+    StateDict,
+    check_fingerprint,
+    check_version,
+    public,
+    unwrap,
+    wrap,
+)
 from shardcache.sources.base import unit_position
 from shardcache.sources.deal.order import LEGACY_ORDER_VERSION, ORDER_KEY, ORDER_VERSION
 from shardcache.sources.deal.partition import Layout, Partitioning
@@ -52,11 +63,11 @@ from shardcache.stages.shuffle import ShuffleNode, ShuffleStage
 POSITION_STAGE_KINDS = tuple(spec.kind for spec in STAGE_SPECS if spec.passes_position)
 
 
-def is_merged(state: Any) -> bool:
+def is_merged(state: object) -> bool:
     return isinstance(state, dict) and state.get("kind") in ("merged", "elastic")
 
 
-def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merge_states(states: Sequence[Mapping[str, object]]) -> StateDict:
     """One state from every rank's `state_dict()` (Dataset or TorchLoader), loadable on any topology.
 
     Args:
@@ -77,11 +88,11 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
             code="InvalidResumeState",
         )
     loaded = [unwrap(s, "merge_states: a rank's state", keep_end=True) for s in states]
-    runtime = loaded[0].identity.get("runtime") if loaded[0].identity else None
+    runtime: object = loaded[0].identity.get("runtime") if loaded[0].identity else None
     seed = {"seed": runtime.get("seed")} if isinstance(runtime, dict) else None
     if any(entry.fresh and "epoch" not in entry.flat for entry in loaded):
         if all(entry.fresh and "epoch" not in entry.flat for entry in loaded):
-            return _not_begun([entry.flat for entry in loaded], seed)
+            return public(_not_begun([entry.flat for entry in loaded], seed))
         raise StateError(
             "merge_states: some ranks had not begun iterating (their state is the initial one) while others "
             "had; take every rank's state at the same step",
@@ -89,10 +100,10 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         )
     flats = [entry.flat for entry in loaded]
     merged = _merge_flat(flats)
-    return wrap(merged, seed, ended=all(entry.fresh for entry in loaded))
+    return public(wrap(merged, seed, ended=all(entry.fresh for entry in loaded)))
 
 
-def _not_begun(flats: Sequence[dict[str, Any]], runtime: Any) -> dict[str, Any]:
+def _not_begun(flats: Sequence[Flat], runtime: object) -> Envelope:
     """The merged envelope of ranks that had not begun: nothing to resume, the pass starts anew."""
     first = flats[0]
     kind = "torch_loader" if first.get("kind") == "torch_loader" else "dataset"
@@ -105,7 +116,7 @@ def _not_begun(flats: Sequence[dict[str, Any]], runtime: Any) -> dict[str, Any]:
     return wrap(flat, runtime, ended=True)
 
 
-def _merge_flat(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _merge_flat(states: Sequence[Flat]) -> MergedState:
     """The flat merged state (`MergedState`) of every rank's flat state."""
     loader = states[0].get("kind") == "torch_loader"
     fingerprints = {s.get("fingerprint") for s in states}
@@ -123,12 +134,12 @@ def _merge_flat(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if loader:
         if any(s.get("kind") != "torch_loader" for s in states):
             raise StateError("merge_states: mixed TorchLoader and Dataset states")
-        by_rank = {int(s["dp_rank"]): s for s in states}
-        size = int(states[0]["dp_size"])
+        by_rank = {field(s, "dp_rank", int): s for s in states}
+        size = field(states[0], "dp_size", int)
         what = "data-parallel ranks"
     else:
-        by_rank = {int(s["slot"]): s for s in states}
-        size = int(states[0]["total_slots"])
+        by_rank = {field(s, "slot", int): s for s in states}
+        size = field(states[0], "total_slots", int)
         what = "slots (rank x worker)"
     missing = sorted(set(range(size)) - set(by_rank))
     if missing:
@@ -137,17 +148,17 @@ def _merge_flat(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "version": STATE_VERSION,
         "kind": "merged",
         "of": "torch_loader" if loader else "dataset",
-        "fingerprint": states[0].get("fingerprint"),
-        "stages": states[0].get("stages"),  # what the envelope's identity shows (`identity_views`)
-        "epoch": states[0].get("epoch"),
+        "fingerprint": field(states[0], "fingerprint", str),
+        "stages": field(states[0], "stages", list),  # what the envelope's identity shows (`identity_views`)
+        "epoch": field(states[0], "epoch", int),
         "states": [by_rank[r] for r in range(size)],
     }
 
 
-def check_merged(state: dict[str, Any], fingerprint: str, parts: Sequence[str]) -> None:
+def check_merged(state: Flat, fingerprint: str, parts: Sequence[str]) -> None:
     """Refuse a merged state of another version or pipeline."""
     check_version(state, "merged resume state")
-    ranks = state.get("states") or [state]
+    ranks = merged_ranks(state) or [state]
     check_fingerprint(
         state,
         fingerprint,
@@ -157,7 +168,20 @@ def check_merged(state: dict[str, Any], fingerprint: str, parts: Sequence[str]) 
     )
 
 
-def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[str, Any]:
+def merged_ranks(state: Flat) -> list[Flat]:
+    """The ranks' flat states a merged state holds ([] for an elastic one, or none recorded)."""
+    ranks = state.get("states")
+    if ranks is None:
+        return []
+    if not isinstance(ranks, list) or not all(isinstance(rank, dict) for rank in ranks):
+        raise StateError(
+            "merged resume state field 'states' is not a list of states; pass what merge_states returned",
+            code="InvalidResumeState",
+        )
+    return ranks
+
+
+def source_position(stages: Sequence[Stage], pipeline: State) -> dict[str, object]:
     """A slot's progress through its epoch: the source's state, read through the stages.
 
     Position-only stages (map, select, batch) pass the source's position through. One `shuffle` stage is
@@ -167,7 +191,7 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
     state records: refused, naming the stage.
     """
     state = pipeline
-    progress: dict[str, Any] = {}
+    progress: dict[str, int] = {}
     for stage in reversed(stages):
         if isinstance(stage, ShuffleStage) and not progress:
             taken, emitted = ShuffleNode.progress(state)
@@ -187,7 +211,7 @@ def source_position(stages: Sequence[Stage], pipeline: dict[str, Any]) -> dict[s
 
 
 def origin_of(
-    entries: Sequence[tuple[int, dict[str, Any] | None, bool]], epoch: int, stages: Sequence[Stage] = ()
+    entries: Sequence[tuple[int, Mapping[str, object] | None, bool]], epoch: int, stages: Sequence[Stage] = ()
 ) -> ElasticOrigin:
     """The compact description of what an epoch had left: (slot, progress or None, exhausted)."""
     started = [state for _, state, _ in entries if state is not None]
@@ -201,11 +225,11 @@ def origin_of(
     nested = None if first is None else first.get("origin")
     return ElasticOrigin(
         epoch=epoch,
-        layout=None if first is None else Layout(**first["layout"]),
-        partitioning=None if first is None else Partitioning(*first["partitioning"]),
+        layout=None if first is None else Layout(**field(first, "layout", dict)),
+        partitioning=None if first is None else Partitioning(*field(first, "partitioning", list)),
         slots={slot: _progress(state) for slot, state, _ in entries if state is not None},
         exhausted=frozenset(slot for slot, _, done in entries if done),
-        origin=None if nested is None else ElasticOrigin.of(nested),
+        origin=None if nested is None else ElasticOrigin.of(field(first, "origin", dict)),
         # The order the old slots' positions were taken in (`sources.deal.order`; earlier states lack it).
         order_version=ORDER_VERSION if first is None else first.get(ORDER_KEY, LEGACY_ORDER_VERSION),
         # How the old slots shuffled (their buffers are replayed from taken/emitted; see source_position).
@@ -214,37 +238,40 @@ def origin_of(
     )
 
 
-def _progress(state: dict[str, Any]) -> tuple[int, int] | ShuffleProgress:
+def _progress(state: Mapping[str, object]) -> tuple[int, int] | ShuffleProgress:
     if "taken" in state:  # a shuffle's progress, as `source_position` adds it
-        return ShuffleProgress(int(state["taken"]), int(state["emitted"]))
+        return ShuffleProgress(field(state, "taken", int), field(state, "emitted", int))
     position = unit_position(state)
     assert position is not None, "source_position checked it"
     return position
 
 
-def dataset_origin(spec: PipelineSpec, merged: dict[str, Any]) -> ElasticOrigin:
-    entries = [(int(s["slot"]), source_position(spec.stages, s["pipeline"]), False) for s in merged["states"]]
-    return origin_of(entries, int(merged["epoch"]), spec.stages)
+def dataset_origin(spec: PipelineSpec, merged: Flat) -> ElasticOrigin:
+    entries = [
+        (field(s, "slot", int), source_position(spec.stages, state_of(s, "pipeline")), False)
+        for s in merged_ranks(merged)
+    ]
+    return origin_of(entries, field(merged, "epoch", int), spec.stages)
 
 
 def own_or_origin(
-    spec: PipelineSpec, merged: dict[str, Any], ctx: RuntimeContext
-) -> tuple[dict[str, Any] | None, ElasticOrigin | None]:
+    spec: PipelineSpec, merged: Flat, ctx: RuntimeContext
+) -> tuple[Flat | None, ElasticOrigin | None]:
     """This reader's own state when the layout is unchanged, else the origin of an elastic resume."""
     if merged["kind"] == "elastic":
-        return None, ElasticOrigin.of(merged["origin"])
+        return None, ElasticOrigin.of(field(merged, "origin", dict))
     if merged.get("of") != "dataset":
         raise StateError("a merged TorchLoader state loads with TorchLoader.load_state_dict")
-    states = merged["states"]
+    states = merged_ranks(merged)
     same = len(states) == ctx.total_slots and _same_layout(spec, states[0], ctx)
     if same:
         return states[ctx.slot], None
     return None, dataset_origin(spec, merged)
 
 
-def _same_layout(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> bool:
+def _same_layout(spec: PipelineSpec, state: Flat, ctx: RuntimeContext) -> bool:
     try:
-        saved = source_position(spec.stages, state["pipeline"])
+        saved = source_position(spec.stages, state_of(state, "pipeline"))
     except UnsupportedResume:
         return state.get("total_slots") == ctx.total_slots
     return bool(
@@ -253,7 +280,7 @@ def _same_layout(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext)
     )
 
 
-def elastic_state(fingerprint: str, origin: ElasticOrigin) -> dict[str, Any]:
+def elastic_state(fingerprint: str, origin: ElasticOrigin) -> ElasticState:
     """A Dataset state that starts a reader of the new layout on what `origin` left."""
-    state = {"version": STATE_VERSION, "kind": "elastic", "fingerprint": fingerprint}
-    return {**state, "origin": origin.as_state()}
+    origin_state = origin.as_state()
+    return {"version": STATE_VERSION, "kind": "elastic", "fingerprint": fingerprint, "origin": origin_state}

@@ -9,13 +9,12 @@ each rank exactly where it was — and, like any merged state, on another layout
 
 from __future__ import annotations
 
-from typing import Any
-
 from shardcache.context import torch_distributed
 from shardcache.resume.elastic import merge_states
+from shardcache.resume.state import StateDict
 
 
-def job_state(state: dict[str, Any]) -> dict[str, Any]:
+def job_state(state: StateDict) -> StateDict:
     """Every rank's `state` merged into one (this rank's own without torch.distributed or with one rank).
 
     A collective over the default process group: call it on every rank at the same step.
@@ -23,6 +22,6 @@ def job_state(state: dict[str, Any]) -> dict[str, Any]:
     dist = torch_distributed()
     if dist is None or int(dist.get_world_size()) == 1:
         return state
-    states: list[Any] = [None] * int(dist.get_world_size())
+    states: list[StateDict | None] = [None] * int(dist.get_world_size())
     dist.all_gather_object(states, state)
-    return merge_states(states)
+    return merge_states([s for s in states if s is not None])

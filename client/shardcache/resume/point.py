@@ -10,14 +10,14 @@ into a `ResumePoint` (`resume_point`), which sets the epoch and restores the nod
 
 from __future__ import annotations
 
-from typing import Any
-
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError, UnsupportedResume
-from shardcache.node import Node
+from shardcache.node import Node, field, state_of
 from shardcache.resume.check import spec_parts
-from shardcache.resume.elastic import check_merged, is_merged, own_or_origin
+from shardcache.resume.elastic import check_merged, is_merged, merged_ranks, own_or_origin
 from shardcache.resume.state import (
+    Envelope,
+    Flat,
     check_fingerprint,
     check_identity,
     check_seed,
@@ -32,12 +32,12 @@ from shardcache.spec import PipelineSpec
 from shardcache.stages.assemble import AssembleNode, AssembleStage, check_assembler_identity
 
 
-def initial_state(spec: PipelineSpec, ctx: RuntimeContext) -> dict[str, Any]:
+def initial_state(spec: PipelineSpec, ctx: RuntimeContext) -> Envelope:
     """The envelope of a reader of `spec` as `ctx` that has not begun (``state`` None)."""
     return initial({"fingerprint": spec.fingerprint(), "stages": spec_parts(spec)}, ctx.identity())
 
 
-def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str, Any] | None:
+def check_loaded(spec: PipelineSpec, blob: object, ctx: RuntimeContext) -> Flat | None:
     """Refuse a state `spec` (read as `ctx`) cannot resume from: its own kind, or a merged one
     (`resume.elastic`), in an envelope or version 1's flat layout. Returns the flat layout to resume from,
     None to start from the beginning."""
@@ -49,7 +49,7 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
         check_state(spec, state, None)
     check_identity(loaded.identity, initial_state(spec, ctx)["identity"])
     if not loaded.fresh:
-        for own in state.get("states") or [] if is_merged(state) else [state]:
+        for own in merged_ranks(state) if is_merged(state) else [state]:
             check_source_order(own)
     if not loaded.fresh and not is_merged(state):
         check_assemblers(spec, state, ctx)
@@ -60,20 +60,20 @@ def check_loaded(spec: PipelineSpec, blob: Any, ctx: RuntimeContext) -> dict[str
     return None if loaded.fresh else state
 
 
-def check_source_order(state: Any) -> None:
+def check_source_order(state: object) -> None:
     """Refuse, when it loads, a reader's state whose source position was taken in another version of the
     epoch order (`sources.deal.order.check_order_version`); the source checks it again when it resumes."""
-    node_state: Any = state.get("pipeline") if isinstance(state, dict) else None
+    node_state: object = state.get("pipeline") if isinstance(state, dict) else None
     while isinstance(node_state, dict) and isinstance(node_state.get("up"), dict):
         node_state = Node.state_below(node_state)
     if isinstance(node_state, dict) and unit_position(node_state) is not None:
         check_order_version(node_state)
 
 
-def check_assemblers(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeContext) -> None:
+def check_assemblers(spec: PipelineSpec, state: Flat, ctx: RuntimeContext) -> None:
     """Refuse, when a state loads, an assembler answering another `identity()` than the one the state
     recorded (mvp-dataset refuses it there): build one assembler per such stage and ask it."""
-    node_state: Any = state.get("pipeline")
+    node_state: object = state.get("pipeline")
     for stage in reversed(spec.stages):
         if not isinstance(node_state, dict):
             return
@@ -87,7 +87,7 @@ def check_assemblers(spec: PipelineSpec, state: dict[str, Any], ctx: RuntimeCont
             return  # a stage whose state holds no "up" (the walk ends; the stage checks itself later)
 
 
-def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> None:
+def check_state(spec: PipelineSpec, state: object, ctx: RuntimeContext | None) -> None:
     """Refuse a reader's own state of another version or pipeline, or (with `ctx`) for another slot."""
     if not isinstance(state, dict):
         raise StateError(
@@ -114,7 +114,7 @@ def check_state(spec: PipelineSpec, state: Any, ctx: RuntimeContext | None) -> N
 class ResumePoint:
     """Where one iteration starts: this reader's own checked `state`, or an elastic resume's `origin`."""
 
-    def __init__(self, state: dict[str, Any] | None, origin: ElasticOrigin | None) -> None:
+    def __init__(self, state: Flat | None, origin: ElasticOrigin | None) -> None:
         self.state = state
         self.origin = origin
 
@@ -122,14 +122,14 @@ class ResumePoint:
     def epoch(self) -> int:
         """The epoch the saved pass was in."""
         if self.state is not None:
-            return int(self.state["epoch"])
+            return field(self.state, "epoch", int)
         assert self.origin is not None, "a resume point has a state or an origin"
         return self.origin.epoch
 
     def restore(self, node: Node) -> None:
         """Put the freshly built `node` chain where the state left it (or its source at the origin)."""
         if self.state is not None:
-            node.load_state_dict(self.state["pipeline"])
+            node.load_state_dict(state_of(self.state, "pipeline"))
             return
         source = source_below(node)
         if source is None:
@@ -143,9 +143,7 @@ class ResumePoint:
             source.skipped_shards = skipped if isinstance(skipped, int) else 0
 
 
-def resume_point(
-    spec: PipelineSpec, pending: dict[str, Any] | None, ctx: RuntimeContext
-) -> ResumePoint | None:
+def resume_point(spec: PipelineSpec, pending: Flat | None, ctx: RuntimeContext) -> ResumePoint | None:
     """The checked start of the iteration `ctx` runs from the loaded state `pending` (None: from scratch)."""
     if pending is None:
         return None

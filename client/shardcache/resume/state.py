@@ -26,12 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 from shardcache.errors import StateError
-from shardcache.node import Node
+from shardcache.node import Node, State
 from shardcache.resume.check import identity_views, mismatch_message
 from shardcache.sources.base import unit_round
+from shardcache.sources.deal.pieces import OriginState
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,57 @@ STATE_VERSION = 2
 FLAT_VERSION = 1
 # The flat layout's keys that name what a state was taken from (the envelope's identity), not a position.
 IDENTITY_KEYS = ("kind", "of", "fingerprint", "stages", "seed", "num_workers", "dp_rank", "dp_size")
+
+
+# The flat layout as loaded (`unwrap`): a JSON object whose keys its kind's reader checks before use
+# (`check_version`, `check_fingerprint`, the readers' `check_state`), then reads as one of the layouts below.
+Flat = dict[str, object]
+
+
+class OwnIdentity(TypedDict, total=False):
+    """The envelope's ``identity.shardcache``: the flat layout's `IDENTITY_KEYS` a state has."""
+
+    kind: str
+    of: str
+    fingerprint: str
+    stages: list[str]
+    seed: int
+    num_workers: int
+    dp_rank: int
+    dp_size: int
+
+
+class Identity(TypedDict):
+    """The envelope's ``identity``: the reader's runtime, mvp-dataset's views (`identity_views`) and this
+    package's own keys."""
+
+    runtime: object  # `RuntimeContext.identity()`; for a merged state, its first rank's seed or None
+    source: object
+    stages: object
+    loader: object
+    shardcache: OwnIdentity
+
+
+class Envelope(TypedDict):
+    """A state as `state_dict()` returns it and a checkpoint holds it (`wrap`)."""
+
+    version: int
+    identity: Identity
+    state: Flat | None  # the position (`live_of`); None: the pass starts from the beginning
+    end: NotRequired[Flat]  # an ended pass's position, for `merge_states`
+
+
+# A state as the public API hands it over and takes it back (`Dataset.state_dict()`, `TorchLoader`'s,
+# `merge_states`): the `Envelope` as a plain JSON dict, the type a trainer's checkpoint code (and torch's
+# own `state_dict()`) gives it, which it may edit and store as it likes. Inside, states are the TypedDicts
+# here; `public` is the one place they turn into this.
+StateDict = dict[str, Any]
+
+
+def public(state: Mapping[str, object]) -> StateDict:
+    """`state` (an `Envelope`, or the position `live_of` gives) as the public API returns it: the same
+    object, typed as the JSON dict trainers handle."""
+    return cast(StateDict, state)
 
 
 class Header(TypedDict):
@@ -60,21 +112,29 @@ class DatasetState(Header):
 
     slot: int
     total_slots: int
-    pipeline: dict[str, Any]  # the top node's state, which holds the nodes below it under "up"
+    pipeline: State  # the top node's state, which holds the nodes below it under "up"
     skipped_shards: int  # a count carried across a resume, not a position
 
 
-class LoaderState(Header):
-    """`TorchLoader.state_dict()`: one data-parallel rank's loader, its workers under ``pipeline``."""
+class LoaderHeader(Header):
+    """What a TorchLoader's state holds besides the nodes' positions (`shardcache.loader.resume.header`)."""
 
     kind: str  # "torch_loader"
     num_workers: int
     dp_rank: int
     dp_size: int
     node_groups: int
-    partitioning: list[Any] | None  # what an elastic resume through a loader-side shuffle replays
-    origin: dict[str, Any] | None  # where an elastic resume started this epoch
-    pipeline: dict[str, Any]
+    # What an elastic resume through a loader-side shuffle replays: the partitioning and the epoch order
+    # (`ORDER_KEY`, `sources.deal.order`) its plan was dealt in.
+    partitioning: list[str | float | None] | None
+    order: int
+    origin: OriginState | None  # where an elastic resume started this epoch
+
+
+class LoaderState(LoaderHeader):
+    """`TorchLoader.state_dict()`: one data-parallel rank's loader, its workers under ``pipeline``."""
+
+    pipeline: State  # the MergeNode's state, or the top loader-side stage's above it
 
 
 class MergedState(TypedDict):
@@ -86,10 +146,20 @@ class MergedState(TypedDict):
     fingerprint: str
     stages: list[str]  # the first rank's, what the envelope's identity views show
     epoch: int
-    states: list[dict[str, Any]]
+    states: list[Flat]  # every rank's flat state, by rank (`DatasetState` or `LoaderState`)
 
 
-def check_version(state: Mapping[str, Any], what: str) -> None:
+class ElasticState(TypedDict):
+    """`resume.elastic.elastic_state`: a Dataset state that starts a reader of a new layout where an
+    elastic resume's `origin` says the old layout had left off (a TorchLoader hands it to its workers)."""
+
+    version: int
+    kind: str  # "elastic"
+    fingerprint: str
+    origin: OriginState
+
+
+def check_version(state: Mapping[str, object], what: str) -> None:
     """Refuse a flat state of another format version; `what` names the state in the message."""
     version = state.get("version")
     if version not in (STATE_VERSION, FLAT_VERSION):
@@ -99,24 +169,33 @@ def check_version(state: Mapping[str, Any], what: str) -> None:
         )
 
 
-def wrap(flat: Mapping[str, Any], runtime: Any, ended: bool = False) -> dict[str, Any]:
+def wrap(flat: Mapping[str, object], runtime: object, ended: bool = False) -> Envelope:
     """The envelope of the flat state `flat` (`runtime`: the reader's `RuntimeContext.identity()`, None for
     a merged state). `ended`: the pass is over, so ``state`` is None and the next one starts anew; the end
     position stays under ``end``, for `merge_states` (a rank that finished is not one that has not begun)."""
-    own = {key: flat[key] for key in IDENTITY_KEYS if key in flat}
+    own = own_identity(flat)
     inner = live_of(flat)
     views = identity_views(own.get("stages") or [])
-    envelope: dict[str, Any] = {
-        "version": STATE_VERSION,
-        "identity": {"runtime": runtime, **views, "shardcache": own},
-        "state": None if ended else inner,
+    identity: Identity = {
+        "runtime": runtime,
+        "source": views["source"],
+        "stages": views["stages"],
+        "loader": views["loader"],
+        "shardcache": own,
     }
+    envelope: Envelope = {"version": STATE_VERSION, "identity": identity, "state": None if ended else inner}
     if ended:
         envelope["end"] = inner
     return envelope
 
 
-def ended_epoch(blob: Any) -> int | None:
+def own_identity(flat: Mapping[str, object]) -> OwnIdentity:
+    """The identity keys of the flat state `flat` (`IDENTITY_KEYS`), as its writer put them."""
+    own = {key: flat[key] for key in IDENTITY_KEYS if key in flat}
+    return own  # type: ignore[return-value]  # the values are the writer's own, of OwnIdentity's types
+
+
+def ended_epoch(blob: object) -> int | None:
     """The epoch of the pass an envelope says had ended (`wrap`'s ``end``), else None."""
     if not isinstance(blob, dict) or blob.get("state") is not None:
         return None
@@ -125,12 +204,12 @@ def ended_epoch(blob: Any) -> int | None:
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
-def position_of(flat: Mapping[str, Any]) -> dict[str, Any]:
+def position_of(flat: Mapping[str, object]) -> Flat:
     """What the envelope's ``state`` holds of the flat state `flat`: all but version and identity keys."""
     return {key: value for key, value in flat.items() if key not in IDENTITY_KEYS and key != "version"}
 
 
-def live_of(flat: Mapping[str, Any]) -> dict[str, Any]:
+def live_of(flat: Mapping[str, object]) -> Flat:
     """The envelope's ``state`` of the flat state `flat`: its position (`position_of`), with mvp-dataset's
     ``source`` view where there is one (`_source_view`)."""
     inner = position_of(flat)
@@ -138,20 +217,22 @@ def live_of(flat: Mapping[str, Any]) -> dict[str, Any]:
     return inner if source is None else {**inner, "source": source}
 
 
-def _source_view(pipeline: Any) -> dict[str, Any] | None:
+def _source_view(pipeline: object) -> dict[str, int] | None:
     """mvp-dataset's ``state["source"]`` view (its documented checkpoint shape), read from the source at the
     bottom of a Dataset state's node chain: the epoch and ``round_index`` (the resample round). None for a
     TorchLoader's state (its workers' sources are under their own states) or a mix."""
     state = pipeline
-    while isinstance(state, dict) and isinstance(state.get("up"), dict):
+    while isinstance(state, Mapping) and isinstance(state.get("up"), dict):
         state = Node.state_below(state)
     found = unit_round(state)
     return None if found is None else {"epoch": found[0], "round_index": found[1]}
 
 
-def initial(own: Mapping[str, Any], runtime: Any) -> dict[str, Any]:
+def initial(own: Mapping[str, object], runtime: object) -> Envelope:
     """The envelope of a reader that has not begun: its identity keys `own`, ``state`` None."""
-    return {**wrap(own, runtime), "state": None}
+    envelope = wrap(own, runtime)
+    envelope["state"] = None
+    return envelope
 
 
 @dataclass(frozen=True)
@@ -159,12 +240,12 @@ class Loaded:
     """A loaded state read by `unwrap`: the flat layout (identity keys only when `fresh`), whether the pass
     starts from the beginning (``state`` None), and the envelope's identity (None for a flat state)."""
 
-    flat: dict[str, Any]
+    flat: Flat
     fresh: bool
-    identity: dict[str, Any] | None
+    identity: Mapping[str, object] | None
 
 
-def unwrap(blob: Any, what: str, keep_end: bool = False) -> Loaded:
+def unwrap(blob: object, what: str, keep_end: bool = False) -> Loaded:
     """Read `blob`: an envelope of this version, or a flat state (version 1's checkpoints, or a TorchLoader's
     hand-off to its workers). `keep_end`: an ended envelope gives its end position (`merge_states`).
 
@@ -195,11 +276,11 @@ def unwrap(blob: Any, what: str, keep_end: bool = False) -> Loaded:
         inner = blob["end"]
     # ``source`` is a view (`_source_view`), never read back: the position is the rest.
     position = {key: value for key, value in (inner or {}).items() if key != "source"}
-    flat = {"version": STATE_VERSION, **own, **position}
+    flat: Flat = {"version": STATE_VERSION, **own, **position}
     return Loaded(flat, fresh, identity)
 
 
-def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
+def check_identity(saved: Mapping[str, object] | None, current: Mapping[str, object]) -> None:
     """Refuse an envelope whose identity differs from `current` (what this reader's states carry) where the
     fingerprint check cannot see it: the views (``source``, ``stages``, ``loader``). The runtime is checked
     against the context that iterates (`check_seed`, the slot), which an explicit context may set later.
@@ -216,7 +297,7 @@ def check_identity(saved: Mapping[str, Any] | None, current: Mapping[str, Any]) 
             )
 
 
-def check_seed(state: Mapping[str, Any], seed: int) -> None:
+def check_seed(state: Mapping[str, object], seed: int) -> None:
     """Refuse a flat state taken with another seed (version-1 states do not say theirs)."""
     saved = state.get("seed", seed)
     if saved != seed:
@@ -227,7 +308,7 @@ def check_seed(state: Mapping[str, Any], seed: int) -> None:
         )
 
 
-def _diff(left: Any, right: Any, path: str) -> tuple[str, Any, Any] | None:
+def _diff(left: object, right: object, path: str) -> tuple[str, object, object] | None:
     """The first place two JSON trees differ: (path, left value, right value), or None."""
     if isinstance(left, dict) and isinstance(right, dict):
         for key in sorted(set(left) | set(right), key=str):
@@ -245,11 +326,11 @@ def _diff(left: Any, right: Any, path: str) -> tuple[str, Any, Any] | None:
 
 
 def check_fingerprint(
-    state: Mapping[str, Any],
+    state: Mapping[str, object],
     fingerprint: str,
     parts: Sequence[str],
     taken_from: str,
-    described: Mapping[str, Any] | None = None,
+    described: Mapping[str, object] | None = None,
 ) -> None:
     """Refuse a state taken from another pipeline, naming what differs (`described`: the state whose
     ``stages`` describe it, when `state` is a merged one)."""
@@ -267,7 +348,7 @@ class Checkpointed(Protocol):
     exhausted: bool  # it raised StopIteration: its state is None, the next pass starts anew
     started: bool  # it yielded an item
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> StateDict: ...
 
 
 # mvp-dataset's words, which its users' log filters may match.
@@ -286,10 +367,10 @@ class LiveState:
 
     def __init__(self) -> None:
         self.iterator: Checkpointed | None = None
-        self.loaded: dict[str, Any] | None = None  # the envelope load_state_dict took, until used
-        self.pending: dict[str, Any] | None = None  # its flat layout (None: start from the beginning)
+        self.loaded: StateDict | None = None  # the envelope load_state_dict took, until used
+        self.pending: Flat | None = None  # its flat layout (None: start from the beginning)
 
-    def state_dict(self, initial: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def state_dict(self, initial: Callable[[], StateDict]) -> StateDict:
         """The latest iterator's state (``state`` None once it is exhausted), else the loaded one, else
         `initial()`: the pass starts from the beginning (mvp-dataset answers so before any iteration)."""
         if self.iterator is not None:
@@ -298,10 +379,11 @@ class LiveState:
             return self.loaded
         return initial()
 
-    def load(self, blob: dict[str, Any], pending: dict[str, Any] | None) -> None:
+    def load(self, blob: Mapping[str, object], pending: Flat | None) -> None:
         """Keep a checked state for the next iteration (`pending` None: it starts from the beginning); a
         version-1 state is answered by state_dict() in this version's envelope."""
-        self.loaded = blob if "identity" in blob else wrap(blob, None)
+        # An envelope is kept as given (checked by `unwrap`), so state_dict() answers it unchanged.
+        self.loaded = public(blob if "identity" in blob else wrap(blob, None))
         self.pending = pending
 
     def start(self, iterator: Checkpointed, warn: bool) -> None:
@@ -314,13 +396,20 @@ class LiveState:
             logger.warning(REPLACED_WARNING)
         self.iterator = iterator
 
-    def take_pending(self) -> dict[str, Any] | None:
+    def take_pending(self) -> Flat | None:
         """The loaded state, once: the iteration starting now consumes it."""
         pending, self.pending, self.loaded = self.pending, None, None
         return pending
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _Pickled:
         return {"pending": self.pending, "loaded": self.loaded}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: _Pickled) -> None:
         self.iterator, self.pending, self.loaded = None, state["pending"], state.get("loaded")
+
+
+class _Pickled(TypedDict):
+    """A `LiveState` as it is pickled (without its iterator)."""
+
+    pending: Flat | None
+    loaded: StateDict | None

@@ -22,6 +22,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import NotRequired, TypedDict
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import (
@@ -35,7 +36,7 @@ from shardcache.node import Node, State
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.counting import RunFacts, unit_counts
-from shardcache.sources.deal.order import ORDER_KEY, ORDER_VERSION, check_order_version
+from shardcache.sources.deal.order import ORDER_VERSION, check_order_version
 from shardcache.sources.deal.partition import (
     Layout,
     Partitioning,
@@ -46,7 +47,7 @@ from shardcache.sources.deal.partition import (
     resolve,
     weights_of,
 )
-from shardcache.sources.deal.pieces import ElasticOrigin, needs_counts, remaining_pieces
+from shardcache.sources.deal.pieces import ElasticOrigin, OriginState, needs_counts, remaining_pieces
 from shardcache.sources.deal.schedule import (
     PlanTracker,
     slot_order,
@@ -68,6 +69,21 @@ Sample = dict[str, object]
 SKIPPABLE: tuple[type[Exception], ...] = (CorruptShardError, RemoteNotFound, RemoteFailed, FileNotFoundError)
 
 _WEIGHTS: IdentityMemo[tuple[float, ...]] = IdentityMemo()
+
+
+class SourceState(TypedDict):
+    """A unit source's state (`SourceNode.state_dict`)."""
+
+    kind: str
+    epoch: int
+    round: int  # the resample round
+    pos: int  # the piece of the epoch's plan it reads
+    index: int  # the sample within that piece
+    # What an elastic resume on another layout needs to recompute this epoch's plan.
+    layout: dict[str, int]
+    partitioning: list[str | float | None]
+    order: int  # `ORDER_KEY`: the epoch order that plan is dealt in (`sources.deal.order`)
+    origin: NotRequired[OriginState]  # where an elastic resume started this epoch
 
 
 class SourceNode(Node):
@@ -343,9 +359,9 @@ class SourceNode(Node):
         units = sibling.units()
         return sibling._urls(units, sibling.slot_pieces(units, 0))
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> SourceState:
         part = self.partitioning
-        state: State = {
+        state: SourceState = {
             "kind": self.spec.kind,
             "epoch": self.epoch,
             "round": self.round,
@@ -354,7 +370,7 @@ class SourceNode(Node):
             # What an elastic resume on another layout needs to recompute this epoch's plan.
             "layout": Layout.of(self.ctx).as_dict(),
             "partitioning": part.as_list(),
-            ORDER_KEY: ORDER_VERSION,
+            "order": ORDER_VERSION,  # ORDER_KEY
         }
         if self.origin is not None:
             state["origin"] = self.origin.as_state()
@@ -366,26 +382,24 @@ class SourceNode(Node):
             raise StateError(
                 f"resume state is for source {state.get('kind')!r}, this pipeline reads {self.spec.kind!r}"
             )
+        values: list[int] = []
         for name in ("epoch", "round", "pos", "index"):
             value = state.get(name)
             if not isinstance(value, int) or value < 0:
                 raise StateError(f"resume state field {name!r}={value!r} must be a non-negative integer")
-        if state["round"] and not self.spec.resample:
+            values.append(value)
+        epoch, round_, pos, index = values
+        if round_ and not self.spec.resample:
             raise StateError("resume state has round > 0 but this source does not resample")
         check_order_version(state)
-        self.epoch, self.round, self.pos, self.index = (
-            state["epoch"],
-            state["round"],
-            state["pos"],
-            state["index"],
-        )
+        self.epoch, self.round, self.pos, self.index = epoch, round_, pos, index
         origin = state.get("origin")
         if origin is not None and not isinstance(origin, dict):
             raise StateError(f"resume state field 'origin'={origin!r} must be an object")
         self.origin = None if origin is None else ElasticOrigin.of(origin)
 
 
-def unit_position(state: State) -> tuple[int, int] | None:
+def unit_position(state: object) -> tuple[int, int] | None:
     """(pos, index) of a unit source's state: the piece of the epoch's plan it reads and the sample within
     it; None for a state of something else (a mix's, a lance source's)."""
     if not isinstance(state, dict) or "pos" not in state:
@@ -393,7 +407,7 @@ def unit_position(state: State) -> tuple[int, int] | None:
     return int(state["pos"]), int(state["index"])
 
 
-def unit_round(state: State) -> tuple[int, int] | None:
+def unit_round(state: object) -> tuple[int, int] | None:
     """(epoch, round) of a source's state: the epoch and the resample round it reads; None for a state of
     something else."""
     if not isinstance(state, dict) or not isinstance(state.get("round"), int):

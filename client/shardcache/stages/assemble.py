@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NotRequired, Protocol, TypedDict
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
 from shardcache.formatting import callable_name
-from shardcache.node import JSONValue, Node, State, field
+from shardcache.node import JSONValue, Node, State, field, state_of
 from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64
@@ -66,7 +66,7 @@ class AssembleStage(StageTraits):
         return f"assemble({callable_name(self.factory)},{self.drop_last})"
 
 
-def _identity(assembler: object) -> JSONValue:
+def _identity(assembler: object) -> object:
     """The assembler's `identity()` when it has one that is JSON (what a state can carry), else None."""
     method = getattr(assembler, "identity", None)
     if not callable(method):
@@ -79,7 +79,7 @@ def _identity(assembler: object) -> JSONValue:
     return value
 
 
-def check_assembler_identity(saved: JSONValue, assembler: object) -> None:
+def check_assembler_identity(saved: object, assembler: object) -> None:
     """Refuse an assembler whose identity is not the `saved` one (None: none was recorded)."""
     identity = _identity(assembler)
     if saved is not None and identity != saved:
@@ -96,6 +96,16 @@ def _stateful(assembler: object) -> bool:
     )
 
 
+class AssembleState(TypedDict):
+    """An assemble stage's state: the upstream state and the assembler's own state at the last point both
+    were consistent, the outputs emitted since, and the assembler's `identity()` (when it has one)."""
+
+    up: State
+    assembler: object  # the assembler's state_dict() (None before it started), JSON in its own format
+    emitted: int
+    identity: NotRequired[object]
+
+
 class AssembleNode(Node):
     def __init__(
         self, up: Node, factory: Callable[[RuntimeContext], Assembler], drop_last: bool, ctx: RuntimeContext
@@ -105,10 +115,10 @@ class AssembleNode(Node):
         self.factory = factory
         self.drop_last = drop_last
         self.ctx = ctx
-        self._mark: tuple[State, Any] | None = None  # (upstream state, assembler state or None)
-        self._loaded: Any = None
+        self._mark: tuple[State, object] | None = None  # (upstream state, assembler state or None)
+        self._loaded: object = None  # the assembler's own state, JSON in its format
         self._emitted = 0
-        self._identity: JSONValue = None  # the assembler's identity(): recorded, or loaded to compare
+        self._identity: object = None  # the assembler's identity(): recorded, or loaded to compare
 
     def gen(self) -> Iterator[object]:
         up = self.up
@@ -147,9 +157,13 @@ class AssembleNode(Node):
                 self._emitted = emitted
                 yield out
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> AssembleState:
         if self._mark is None:
-            state = {"up": self.up.state_dict(), "assembler": self._loaded, "emitted": self._emitted}
+            state: AssembleState = {
+                "up": self.up.state_dict(),
+                "assembler": self._loaded,
+                "emitted": self._emitted,
+            }
         else:
             up, assembler = self._mark
             state = {"up": up, "assembler": assembler, "emitted": self._emitted}
@@ -158,13 +172,13 @@ class AssembleNode(Node):
         return state
 
     @staticmethod
-    def recorded_identity(state: State) -> Any:
+    def recorded_identity(state: State) -> object:
         """The assembler identity a state of this node recorded (None: none)."""
         return state.get("identity")
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        self.up.load_state_dict(field(state, "up", dict))
+        self.up.load_state_dict(state_of(state, "up"))
         self._emitted = field(state, "emitted", int)
         if "assembler" not in state:
             raise StateError("resume state is missing 'assembler'; it was not taken from this pipeline")

@@ -34,13 +34,12 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, TypedDict
 
 from shardcache.context import RuntimeContext
 from shardcache.errors import ConfigError, ResumeStateError
 from shardcache.formatting import callable_name
-from shardcache.node import Node, State
-from shardcache.node import field as state_field
+from shardcache.node import Node, State, state_of
 from shardcache.stages.traits import StageTraits
 
 if TYPE_CHECKING:
@@ -243,6 +242,25 @@ def _from_host(item: object) -> object:
     return item
 
 
+class BalancePassthroughState(TypedDict):
+    """A balance stage's state when it passed items through (no torch.distributed): its upstream's."""
+
+    passthrough: bool  # True
+    up: State
+
+
+class BalanceChunkState(TypedDict):
+    """A balance stage's state: the chunk it is in, the items of it emitted, and the upstream state where
+    the chunk began."""
+
+    chunk: int
+    offset: int
+    up: State
+
+
+BalanceState = BalancePassthroughState | BalanceChunkState
+
+
 class BalanceNode(Node):
     def __init__(self, up: Node, spec: BalanceStage, ctx: RuntimeContext) -> None:
         super().__init__()
@@ -259,7 +277,7 @@ class BalanceNode(Node):
         self.upstream_done = False
         self._skip = 0
         self._passthrough: bool | None = None
-        self._loaded: State | None = None
+        self._loaded: BalanceState | None = None
 
     def _active(self) -> ModuleType | None:
         dist = _dist()
@@ -339,7 +357,7 @@ class BalanceNode(Node):
         self.output = output
         self.finished = plan.finished or (plan.steps(rank) == 0)
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> BalanceState:
         if self._it is None and self._loaded is not None:
             return self._loaded
         if self._passthrough is None and self._active() is None or self._passthrough:
@@ -348,13 +366,14 @@ class BalanceNode(Node):
             return {"chunk": self.chunk, "offset": self.offset, "up": self.up.state_dict()}
         if self.offset >= len(self.output) and not self.finished:
             return {"chunk": self.chunk + 1, "offset": 0, "up": self.front}
+        assert self.chunk_front is not None, "the first chunk is built before the first item"
         return {"chunk": self.chunk, "offset": self.offset, "up": self.chunk_front}
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        up = state_field(state, "up", dict)
-        self._loaded = state
+        up = state_of(state, "up")
         if state.get("passthrough"):
+            self._loaded = {"passthrough": True, "up": up}
             if self._active() is not None:
                 raise ResumeStateError(
                     "balance(): the state was taken without torch.distributed (items passed through); "
@@ -365,6 +384,7 @@ class BalanceNode(Node):
         chunk, offset = state.get("chunk"), state.get("offset")
         if not isinstance(chunk, int) or not isinstance(offset, int) or chunk < 0 or offset < 0:
             raise ResumeStateError(f"balance() state has chunk={chunk!r}, offset={offset!r}; it is truncated")
+        self._loaded = {"chunk": chunk, "offset": offset, "up": up}
         self.up.load_state_dict(up)
         self.front = up
         self.chunk, self._skip = chunk, offset

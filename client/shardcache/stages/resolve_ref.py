@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from shardcache.errors import ConfigError, StateError, positive_int
 from shardcache.node import Node, State
@@ -42,6 +42,14 @@ class ResolveRefStage(StageTraits):
         return f"resolve_ref({';'.join(ref.describe() for ref in self.refs)})"
 
 
+class ResolveRefState(TypedDict):
+    """A resolve_ref stage's state: the upstream state where its current read-ahead began, and the items
+    of that read-ahead emitted."""
+
+    up: State
+    emitted: int
+
+
 class ResolveRefNode(Node):
     def __init__(self, up: Node, stage: ResolveRefStage) -> None:
         super().__init__()
@@ -66,7 +74,7 @@ class ResolveRefNode(Node):
                 yield item
             skip = 0
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> ResolveRefState:
         if self._mark is None:
             return {"up": self.up.state_dict(), "emitted": self._emitted}
         return {"up": self._mark, "emitted": self._emitted}

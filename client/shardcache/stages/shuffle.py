@@ -19,12 +19,12 @@ import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from shardcache.buffer_shuffle import effective_initial, replay, rng_seed
 from shardcache.context import RuntimeContext
 from shardcache.errors import StateError
-from shardcache.node import Node, State, field
+from shardcache.node import Node, State, field, state_of
 from shardcache.stages.traits import StageTraits
 
 CHECKPOINT_EVERY = 64  # a power of two: the hot loop tests `taken & (CHECKPOINT_EVERY - 1)`
@@ -60,12 +60,22 @@ class ShuffleStage(StageTraits):
         return f"shuffle({self.buffer_size},{self.initial},{self.seed})"
 
 
+class ShuffleState(TypedDict):
+    """A shuffle's state: the upstream state at input `at` (the oldest checkpoint a resume can need), the
+    inputs taken from upstream and the outputs emitted so far."""
+
+    up: State
+    at: int
+    taken: int
+    emitted: int
+
+
 class ShuffleNode(Node):
     @staticmethod
     def progress(state: State) -> tuple[int, int]:
         """(taken, emitted) of a shuffle's state: inputs taken from upstream and outputs emitted so far
         (which inputs are still buffered is replayed from these, `buffered_inputs`)."""
-        return int(field(state, "taken", int)), int(field(state, "emitted", int))
+        return field(state, "taken", int), field(state, "emitted", int)
 
     def __init__(self, up: Node, buffer_size: int, initial: int | None, rng_seed: str) -> None:
         super().__init__()
@@ -75,7 +85,7 @@ class ShuffleNode(Node):
         self.rng_seed = rng_seed
         self._buf: list[object] = []
         self._emitted = 0
-        self._pending: State | None = None
+        self._pending: ShuffleState | None = None
         # (input index, upstream state before that input), oldest first; the first is at or before the
         # oldest input in the buffer.
         self._marks: deque[tuple[int, State]] = deque()
@@ -160,7 +170,7 @@ class ShuffleNode(Node):
             marks.popleft()
         return oldest
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> ShuffleState:
         if self._pending is not None:
             return self._pending
         if not self._marks:
@@ -170,12 +180,14 @@ class ShuffleNode(Node):
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        up = field(state, "up", dict)
-        values = [field(state, name, int) for name in ("at", "taken", "emitted")]
-        if any(v < 0 for v in values) or values[0] > values[1]:
-            raise StateError(f"shuffle resume state has bad positions {values}; it was not taken here")
+        up = state_of(state, "up")
+        at, taken, emitted = (field(state, name, int) for name in ("at", "taken", "emitted"))
+        if min(at, taken, emitted) < 0 or at > taken:
+            raise StateError(
+                f"shuffle resume state has bad positions {[at, taken, emitted]}; it was not taken here"
+            )
         self.up.load_state_dict(up)
-        self._pending = state
+        self._pending = {"up": up, "at": at, "taken": taken, "emitted": emitted}
 
     def close(self) -> None:
         super().close()

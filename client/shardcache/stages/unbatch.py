@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypedDict
 
 from shardcache.context import RuntimeContext
-from shardcache.node import Node, State, field
+from shardcache.node import Node, State, field, state_of
 from shardcache.stages.traits import StageTraits
 
 
@@ -32,6 +32,13 @@ def items_of(batch: Iterable[object]) -> list[object]:
         columns = [batch[k] for k in keys]
         return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
     return list(batch)
+
+
+class UnbatchState(TypedDict):
+    """An unbatch stage's state: the upstream state before the current batch, and its items emitted."""
+
+    up: State
+    done: int
 
 
 class UnbatchNode(Node):
@@ -62,14 +69,14 @@ class UnbatchNode(Node):
             self._done = 0
             self._before = None
 
-    def state_dict(self) -> State:
+    def state_dict(self) -> UnbatchState:
         if self._before is None:
             return {"up": self.up.state_dict(), "done": 0 if self._it is not None else self._done}
         return {"up": self._before, "done": self._done}
 
     def load_state_dict(self, state: State) -> None:
         self._check_not_started()
-        self.up.load_state_dict(field(state, "up", dict))
+        self.up.load_state_dict(state_of(state, "up"))
         self._done = field(state, "done", int)
 
     def close(self) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -62,7 +61,7 @@ def shuffled(n: int, seed: int, epoch: int, round_index: int = 0, salt: str = ""
     return array
 
 
-def check_order_version(state: Mapping[str, Any], what: str = "resume state") -> None:
+def check_order_version(state: object, what: str = "resume state") -> None:
     """Refuse a source state taken in another version of the epoch order: its position would point into a
     different order, and resuming it would read some units twice and skip others. States without the key
     were written before the order was versioned (version 1).
@@ -70,13 +69,13 @@ def check_order_version(state: Mapping[str, Any], what: str = "resume state") ->
     Raises:
         StateError: [ResumeOrderVersionMismatch] naming both versions and what to do.
     """
-    if not isinstance(state, dict):
+    if not isinstance(state, Mapping):
         check_order(None, None, what)
         return
     check_order(state.get(ORDER_KEY, LEGACY_ORDER_VERSION), state.get("epoch"), what)
 
 
-def check_order(saved: Any, epoch: Any, what: str = "resume state") -> None:
+def check_order(saved: object, epoch: object, what: str = "resume state") -> None:
     """Refuse a position taken in epoch order version `saved` (of `epoch`) unless it is this version's.
 
     Raises:

@@ -40,7 +40,7 @@ import functools
 import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
@@ -149,7 +149,7 @@ class Partitioning:
     even: str | None = None
     exchange: float = 0.0
 
-    def as_list(self) -> list[Any]:
+    def as_list(self) -> list[str | float | None]:
         """[placement, even, exchange]: how states record it."""
         return [self.placement, self.even, self.exchange]
 

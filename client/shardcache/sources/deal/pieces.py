@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from shardcache.buffer_shuffle import buffered_inputs
 from shardcache.context import RuntimeContext
@@ -42,6 +42,28 @@ class LoaderShuffleOrigin:
     ranks: Mapping[int, ShuffleProgress]
 
 
+class LoaderShuffleOriginState(TypedDict):
+    """`LoaderShuffleOrigin` as states carry it."""
+
+    batch: int
+    shuffle: list[int | None]
+    ranks: dict[str, list[int]]
+
+
+class OriginState(TypedDict):
+    """`ElasticOrigin` as states carry it (`as_state`; `of` reads it back)."""
+
+    epoch: int
+    layout: dict[str, int] | None
+    partitioning: list[str | float | None] | None
+    slots: dict[str, list[int] | dict[str, int]]  # (piece, index), or a shuffle's taken/emitted
+    exhausted: list[int]
+    origin: OriginState | None
+    order: object  # `ORDER_KEY`: the epoch order the old positions were taken in, as they recorded it
+    shuffle: list[int | None] | None
+    loader: LoaderShuffleOriginState | None
+
+
 @dataclass(frozen=True)
 class ElasticOrigin:
     """What an epoch planned on one layout had left, as an elastic resume on another layout replays it.
@@ -61,7 +83,7 @@ class ElasticOrigin:
     # The origin the old readers had themselves resumed from (an elastic resume of an elastic resume).
     origin: ElasticOrigin | None
     # The epoch order the old positions were taken in (`sources.deal.order`; earlier origins lack the key).
-    order_version: Any
+    order_version: object
     # The dataset's own shuffle the old slots ran, if any.
     shuffle: ShuffleParams | None
     loader: LoaderShuffleOrigin | None
@@ -104,7 +126,7 @@ class ElasticOrigin:
                 "written by shardcache"
             ) from exc
 
-    def as_state(self) -> dict[str, Any]:
+    def as_state(self) -> OriginState:
         """The JSON object states carry (the layout they always had)."""
         loader = self.loader
         return {
@@ -119,7 +141,7 @@ class ElasticOrigin:
             },
             "exhausted": sorted(self.exhausted),
             "origin": None if self.origin is None else self.origin.as_state(),
-            ORDER_KEY: self.order_version,
+            "order": self.order_version,  # ORDER_KEY
             "shuffle": None if self.shuffle is None else list(self.shuffle),
             "loader": None
             if loader is None
@@ -291,7 +313,7 @@ def _loader_left(
     """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
 
     Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in a
-    fixed rotation (`shardcache.loader.stream`), so the n-th sample the loader-side shuffle took is a
+    fixed rotation (`shardcache.loader.merge`), so the n-th sample the loader-side shuffle took is a
     known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
     """
     batch, workers = loader.batch, layout.workers
