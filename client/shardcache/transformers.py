@@ -36,9 +36,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from shardcache.context import torch_distributed
 from shardcache.errors import ConfigError
@@ -48,19 +47,27 @@ STATE_FILE = "shardcache_data.json"
 CHECKPOINT_PREFIX = "checkpoint"  # the Trainer's checkpoint folders: checkpoint-<global step>
 
 
-def checkpoint_dir(args: Any, step: int) -> Path:
+def checkpoint_dir(args: TrainingArguments, step: int) -> Path:
     """Where the Trainer writes the checkpoint of `step` (its naming: <output_dir>/checkpoint-<step>)."""
+    if args.output_dir is None:  # TrainingArguments sets a default; a hand-made one may not
+        raise ConfigError(
+            "TrainingArguments.output_dir is None: set it, the Trainer saves its checkpoints there"
+        )
     return Path(args.output_dir) / f"{CHECKPOINT_PREFIX}-{step}"
 
 
 class ShardcacheCallback(TrainerCallback):  # type: ignore[misc]
     """Exact `resume_from_checkpoint` of a TorchLoader under the Hugging Face Trainer (see the module)."""
 
-    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         # The loader's state resumes the data; the Trainer's replay of batches must not run as well.
         args.ignore_data_skip = True
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         loader = _torch_loader(kwargs.get("train_dataloader"))
         loader.own_epochs = True
         if state.global_step == 0:
@@ -74,7 +81,9 @@ class ShardcacheCallback(TrainerCallback):  # type: ignore[misc]
             )
         loader.load_state_dict(json.loads(path.read_text()))
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         loader = _torch_loader(kwargs.get("train_dataloader"))
         loader.state_scope = "job"
         blob = loader.state_dict()  # every rank at once: the gather inside is a collective
@@ -86,7 +95,7 @@ class ShardcacheCallback(TrainerCallback):  # type: ignore[misc]
             temp.replace(folder / STATE_FILE)  # a checkpoint never holds half a state
 
 
-def _torch_loader(loader: Any) -> TorchLoader:
+def _torch_loader(loader: object) -> TorchLoader:
     if not isinstance(loader, TorchLoader):
         raise ConfigError(
             f"shardcache.transformers.ShardcacheCallback: the Trainer trains from {type(loader).__name__}, "

@@ -20,7 +20,7 @@ class PlainStream:
 
     def __init__(
         self,
-        iterable: Iterable[Any],
+        iterable: Iterable[object],
         batch_size: int | None,
         collate_fn: Callable[[Any], Any] | None,
         drop_last: bool,
@@ -30,13 +30,13 @@ class PlainStream:
         self.collate_fn = collate_fn
         self.drop_last = drop_last
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         size, collate = self.batch_size, self.collate_fn
         if size is None:
             yield from (iter(self.iterable) if collate is None else map(collate, self.iterable))
             return
         collate = collate if collate is not None else torch_data().default_collate
-        batch: list[Any] = []
+        batch: list[object] = []
         for sample in self.iterable:
             batch.append(sample)
             if len(batch) == size:
@@ -55,11 +55,11 @@ class PlainNode(Node):
         self.num_workers = num_workers
         self.loader_kwargs = loader_kwargs
 
-    def gen(self) -> Iterator[Any]:
+    def gen(self) -> Iterator[object]:
         data = torch_data()
         if not issubclass(PlainStream, data.IterableDataset):
             data.IterableDataset.register(PlainStream)  # torch is imported lazily (see `_dataloader`)
-        dataset: Any = self.stream
+        dataset = self.stream  # an IterableDataset by registration, which mypy cannot see
         loader = data.DataLoader(
             dataset,
             num_workers=self.num_workers,

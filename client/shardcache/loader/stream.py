@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 # torch's worker loop seeds numpy.random: imported here, in the trainer, never first in a forked worker.
 import numpy.random  # noqa: F401
@@ -44,12 +45,16 @@ from shardcache.node import State
 from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, timed_collate
 from shardcache.sources.deal.counting import RunFacts
 
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader, IterableDataset
+
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-Item = tuple[int, Any, State | None, bool, StageTimes | None]
+Item = tuple[int, object, State | None, bool, StageTimes | None]
 
 
-def passthrough(item: Any) -> Any:
+def passthrough(item: T) -> T:
     """The DataLoader's collate_fn over `WorkerStream`: workers already collated their payloads."""
     return item
 
@@ -74,7 +79,7 @@ class EpochOrder:
 ORDER_FILE = "order.pickle"
 
 
-def torch_data() -> Any:
+def torch_data() -> ModuleType:
     """torch.utils.data, imported in the trainer's thread before any worker forks (`shardcache.forksafe`)."""
     try:
         import torch.utils.data as data
@@ -159,7 +164,7 @@ class WorkerStream:
             else:
                 collate = self.collate_fn if self.collate_fn is not None else data.default_collate
                 collate = timed_collate(iterator.clock, collate)
-                batch: list[Any] = []
+                batch: list[object] = []
                 for sample in iterator:
                     batch.append(sample)
                     if len(batch) == size:
@@ -212,13 +217,13 @@ class WorkerLauncher:
             return iter(loader)
 
 
-def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> Any:
+def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> DataLoader[object]:
     import torch.utils.data as data
 
     if not isinstance(stream, data.IterableDataset):
         data.IterableDataset.register(WorkerStream)
     # WorkerStream is an IterableDataset by registration (torch is imported lazily); mypy cannot see it.
-    dataset: Any = stream
+    dataset = cast("IterableDataset[object]", stream)
     return data.DataLoader(
         dataset, num_workers=num_workers, batch_size=None, collate_fn=passthrough, **loader_kwargs
     )
@@ -240,12 +245,12 @@ class WorkerHome:
         owner = os.open(Path(self.run_dir) / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(owner, fcntl.LOCK_EX)
         self.persistent = persistent
-        self.dataloader: Any = None
+        self.dataloader: DataLoader[object] | None = None
         self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid(), owner)
 
     def loader_for(
         self, base: WorkerStream, order: EpochOrder, num_workers: int, loader_kwargs: dict[str, Any]
-    ) -> Any:
+    ) -> DataLoader[object]:
         """The persistent DataLoader, `order` written where its workers read it at their next `iter()`."""
         path = Path(self.run_dir) / ORDER_FILE
         temp = path.with_suffix(".tmp")

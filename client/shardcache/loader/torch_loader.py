@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
@@ -41,6 +41,9 @@ from shardcache.resume.job import job_state
 from shardcache.resume.state import LiveState, StateDict, public
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 logger = logging.getLogger(__name__)
 # DataLoader arguments torch refuses without worker processes (mvp-dataset passes the same three only with
@@ -400,8 +403,8 @@ class TorchLoader:
         chunk_size: int = 16,
         max_transfer_per_round: int = 16,
         topology: str = "node",
-        process_group: Any = None,
-        device_process_group: Any = None,
+        process_group: ProcessGroup | None = None,
+        device_process_group: ProcessGroup | None = None,
     ) -> TorchLoader:
         """The same number of items on every data-parallel rank, resumable (`shardcache.stages.balance`)."""
         stage = builders.balance_stage(

@@ -60,7 +60,7 @@ def _derive_snapshot(spec: PipelineSpec, step: Step, what: str) -> PipelineSpec:
     return spec.with_stages((*spec.stages[:-1], chosen))
 
 
-def split(spec: PipelineSpec, fractions: Any, min_units: int = 1) -> tuple[PipelineSpec, ...]:
+def split(spec: PipelineSpec, fractions: Sequence[float], min_units: int = 1) -> tuple[PipelineSpec, ...]:
     """`Dataset.split`: one pipeline per fraction, disjoint, together covering `spec`'s source.
 
     `min_units`: the fewest shards a part of a tars or jsonl source may keep (`select_shards`).
@@ -70,17 +70,17 @@ def split(spec: PipelineSpec, fractions: Any, min_units: int = 1) -> tuple[Pipel
     return tuple(_derive(spec, ("split", parts, i), what, min_units) for i in range(len(parts)))
 
 
-def sample(spec: PipelineSpec, fraction: Any, seed: Any = 0, min_units: int = 1) -> PipelineSpec:
+def sample(spec: PipelineSpec, fraction: float, seed: int = 0, min_units: int = 1) -> PipelineSpec:
     """`Dataset.sample`: a seeded subset of about `fraction` of the source (exact for lance)."""
     what = f"sample({fraction!r}, seed={seed!r})"
     return _derive(spec, sample_step(fraction, seed), what, min_units)
 
 
-def _predicates(predicate: Any) -> tuple[str, ...]:
+def _predicates(predicate: object) -> tuple[str, ...]:
     """The stripped predicates of one filter() call, duplicates dropped, in the order given (mvp's checks
     and error types: TypeError for a non-string, ValueError for an empty one or an empty list)."""
     if isinstance(predicate, str):
-        given: tuple[Any, ...] = (predicate,)
+        given: tuple[object, ...] = (predicate,)
     elif isinstance(predicate, Sequence):
         given = tuple(predicate)
     else:
