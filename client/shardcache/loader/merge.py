@@ -12,13 +12,30 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict
 
 from shardcache.errors import StateError
 from shardcache.loader.stream import Item
 from shardcache.node import Node, State, field
 from shardcache.pipeline.stage_times import StageTimes, add_times
+from shardcache.sources.deal.pieces import register_merge_order
+
+
+def merged_order(sizes: Sequence[int], batch: int) -> Iterator[tuple[int, int]]:
+    """(worker, sample within the worker's stream) in the order `MergeNode` hands samples on, for workers
+    whose streams hold `sizes` samples in payloads of `batch` (the last one smaller): one payload of each
+    worker in turn, a worker whose stream has ended skipped. What an elastic resume of a loader-side
+    shuffle replays (`shardcache.sources.deal.pieces`)."""
+    round_index = 0
+    while any(round_index * batch < size for size in sizes):
+        for worker, size in enumerate(sizes):
+            for j in range(round_index * batch, min(size, (round_index + 1) * batch)):
+                yield worker, j
+        round_index += 1
+
+
+register_merge_order(merged_order)
 
 
 class MergeNode(Node):

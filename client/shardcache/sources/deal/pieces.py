@@ -9,7 +9,8 @@ becomes the pieces the new layout plans. Pure arithmetic over pieces and plans; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
@@ -303,6 +304,18 @@ def _not_emitted(pieces: list[Piece], taken: int, buffered: list[int]) -> list[P
     return out
 
 
+# The order in which a TorchLoader's merge hands on its workers' samples: (worker, sample within the worker's
+# stream) for each worker's stream size and the workers' payload size. The loader's rule, so the loader
+# registers it (`shardcache.loader.merge`), and the deal only replays it.
+MergeOrder = Callable[[Sequence[int], int], Iterator[tuple[int, int]]]
+_MERGE_ORDER: list[MergeOrder] = []
+
+
+def register_merge_order(order: MergeOrder) -> None:
+    """Make `order` the merge order `_loader_left` replays (the TorchLoader's, registered on its import)."""
+    _MERGE_ORDER[:] = [order]
+
+
 def _loader_left(
     node: Replaying,
     origin: ElasticOrigin,
@@ -312,10 +325,16 @@ def _loader_left(
 ) -> list[Piece]:
     """What a TorchLoader with a loader-side shuffle had not emitted, rank by rank.
 
-    Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in a
-    fixed rotation (`shardcache.loader.merge`), so the n-th sample the loader-side shuffle took is a
-    known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
+    Its workers' payloads (batches of `batch` samples, the last one smaller) reach the main process in the
+    loader's fixed order (the registered `MergeOrder`), so the n-th sample the loader-side shuffle took is
+    a known sample of a known worker; the shuffle's buffer is replayed from taken/emitted as above.
     """
+    if not _MERGE_ORDER:
+        raise UnsupportedResume(
+            "this state resumes a TorchLoader's loader-side shuffle elastically: load it through "
+            "shardcache.TorchLoader (whose merge order the replay needs)"
+        )
+    merge_order = _MERGE_ORDER[0]
     batch, workers = loader.batch, layout.workers
     left: list[Piece] = []
     for rank in range(layout.ranks):
@@ -327,19 +346,10 @@ def _loader_left(
         sizes = [sum(p.size for p in stream) for stream in streams]
         frontier = [0] * workers  # samples of each worker among the first `taken` the shuffle took
         held: list[list[int]] = [[] for _ in range(workers)]
-        flat = 0
-        round_index = 0
-        while flat < taken and any(round_index * batch < size for size in sizes):
-            for w, size in enumerate(sizes):
-                count = min(batch, size - round_index * batch)
-                for j in range(round_index * batch, round_index * batch + max(0, count)):
-                    if flat >= taken:
-                        break
-                    if flat in buffered:
-                        held[w].append(j)
-                    frontier[w] = j + 1
-                    flat += 1
-            round_index += 1
+        for flat, (w, j) in enumerate(itertools.islice(merge_order(sizes, batch), taken)):
+            if flat in buffered:
+                held[w].append(j)
+            frontier[w] = j + 1
         for w, stream in enumerate(streams):
             left.extend(_not_emitted(stream, frontier[w], held[w]))
     return left
