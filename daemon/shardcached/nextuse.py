@@ -26,6 +26,16 @@ needs sooner before it reaches the victim: right at an epoch start, with every r
 current epoch and planned again in the next, that was every next-epoch entry. Under owners those entries are
 not in the walk at all (see docs/benchmarks.md, "Eviction decisions at scale").
 
+A dropped plan (a DELETE, a replaced plan, a stale slot's expiry) is refiled lazily: ``dropped`` only notes
+its (chain, epoch), and ``refile_more`` refiles the resident urls filed under it in pieces (the daemon's
+indexer, indexing.py), ~45 us each at 10^5 resident, where refiling them all at once held the loop 4.5 s.
+Until then the orders are half-dropped: a url whose only use was the dropped plan is still filed under its
+chain instead of idle, and the threshold walk's premise (entry times never decrease along a chain's order)
+fails on the dead entries. So every reader of the orders (``least_recent_idle``, ``farthest``) first
+settles what is pending, synchronously: decisions see exactly the eager state, and a drop costs the loop
+only its pieces unless a decision comes before they are done. Any other refile of a url meanwhile (indexed,
+unindexed, passed) reads the live plans, so it is already right and the pending refile of it is a no-op.
+
 Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
 unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
 loop thread only.
@@ -107,6 +117,8 @@ class NextUseIndex:
         self._owner: dict[str, tuple[Chain, Entry]] = {}  # planned resident url -> its owned entry
         self._idle: SortedList = SortedList()  # (rank, seq, url) of resident urls in no plan ahead
         self._idle_rank: dict[str, int] = {}  # idle url -> the rank it is filed under
+        # (chain, epoch) of a dropped plan -> the last of its entries refiled (None: none yet); oldest first.
+        self._pending: dict[tuple[Chain, int], Entry | None] = {}
 
     def __contains__(self, url: str) -> bool:
         return url in self._seq
@@ -176,14 +188,47 @@ class NextUseIndex:
             self._file_idle(url)
 
     def dropped(self, chain: Chain, epoch: int) -> None:
-        """`chain`'s plan for `epoch` is no longer live: refile the resident urls it held now (their use there
-        is gone), though the plan's entries in the position index are removed later, in steps."""
-        order = self._chains.get(chain)
-        if order is None:
+        """`chain`'s plan for `epoch` is no longer live: its resident urls are to be refiled (their use there
+        is gone), by `refile_more` in pieces or by `settle` before the next decision. O(1)."""
+        if self._by_recency_only or chain not in self._chains:
             return
-        # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
-        for _, _, url in list(order.irange(minimum=(epoch,), maximum=(epoch + 1,), inclusive=(True, False))):
-            self.replan(url, chain)
+        # Dropped again while pending (the plan that replaced it): start over, since the entries the walk has
+        # passed may be the replacement's, live until now.
+        self._pending[(chain, epoch)] = None
+
+    @property
+    def refile_pending(self) -> bool:
+        """Whether dropped plans still have resident urls to refile (see `refile_more`)."""
+        return bool(self._pending)
+
+    def refile_more(self, budget: int | None) -> bool:
+        """Refile up to `budget` (None: all) entries of dropped plans, oldest drop first; True once none is
+        left. Each (chain, epoch) is walked in its order from where the last piece stopped: a refile moves
+        the url out of that epoch, or (the epoch's plan was replaced) to its live use there, met again as a
+        no-op at worst."""
+        while self._pending and (budget is None or budget > 0):
+            (chain, epoch), after = next(iter(self._pending.items()))
+            order = self._chains.get(chain)
+            entries: list[Entry] = []
+            if order is not None:
+                # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
+                start = (epoch,) if after is None else after
+                found = order.irange(minimum=start, maximum=(epoch + 1,), inclusive=(after is None, False))
+                entries = list(found if budget is None else itertools.islice(found, budget))
+            for _, _, url in entries:
+                self.replan(url, chain)
+            if budget is None or len(entries) < budget:
+                del self._pending[(chain, epoch)]
+            else:
+                self._pending[(chain, epoch)] = entries[-1]
+            if budget is not None:
+                budget -= len(entries)
+        return not self._pending
+
+    def settle(self) -> None:
+        """Refile everything pending now: the orders are then exactly as if every drop had been eager."""
+        if self._pending:
+            self.refile_more(None)
 
     def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
         """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
@@ -198,11 +243,13 @@ class NextUseIndex:
     # -- decisions --------------------------------------------------------------------------------------
     def least_recent_idle(self, usable: Callable[[str], bool]) -> str | None:
         """The least recent idle url that `usable` accepts (first in store order on ties), or None."""
+        self.settle()
         idle: Iterator[tuple[int, int, str]] = iter(self._idle)
         return next((url for _, _, url in idle if usable(url)), None)
 
     def any_usable(self, usable: Callable[[str], bool]) -> bool:
-        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses)."""
+        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses). Reads the
+        residency alone, which a pending refile does not change: nothing to settle."""
         return any(usable(url) for url in self._seq)
 
     def farthest(
@@ -217,6 +264,7 @@ class NextUseIndex:
         decrease along the chain's order (it is the chain's time line). `next_time(url)` is the exact
         estimate (the min over every plan holding the url), which decides.
         """
+        self.settle()  # a dropped plan's entries would break the walk's premise (module docstring)
         heads: list[tuple[float, int, str, Chain, Iterator[Entry]]] = []
         for tiebreak, (chain, order) in enumerate(self._owned.items()):
             walk = reversed(order)
