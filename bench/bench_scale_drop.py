@@ -6,9 +6,10 @@ would). Then the plan of epoch 0 is dropped, as `DELETE /v1/plans/{id}` or a sta
 does (`Planner.drop_plan`, one loop step), and the daemon's indexer (`PlanIndexer.step`, default budget)
 works off what follows in its own loop steps: refiling the resident shards the plan held (where the tree has
 lazy refiling) and removing its index entries. Printed per R, in thread CPU time: the drop's step, the
-longest indexer step, the indexer's total and its step count, and the worst case of lazy refiling: the
-epoch-1 plan dropped and an eviction decision (`choose_resident_victim`) taken at once, before any indexer
-step, which then settles every pending refile itself (the drop's step plus the decision's).
+longest indexer step, its 99th percentile, how many steps took over 10 ms, the indexer's step count and
+total, and the worst case of lazy refiling: the epoch-1 plan dropped and an eviction decision
+(`choose_resident_victim`) taken at once, before any indexer step, which then settles every pending refile
+itself (the drop's step plus the decision's).
 
 With `--baseline TREE` each R is measured on TREE too (its daemon/ first on the path, this script), in the
 same run, alternating:
@@ -60,6 +61,8 @@ def measure(urls: int, resident: int, seed: int) -> Row:
     return {
         "drop": drop,
         "longest": max(steps),
+        "p99": sorted(steps)[int(0.99 * (len(steps) - 1))],
+        "over": sum(step > 0.010 for step in steps),
         "total": sum(steps),
         "steps": len(steps),
         "worst_drop": worst_drop,
@@ -96,15 +99,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     trees = [("this", os.getcwd())] + ([("base", args.baseline)] if args.baseline else [])
     print(
-        f"{'tree':<5} {'urls':>8} {'resident':>8} {'drop ms':>8} {'longest step ms':>15} {'steps':>6}"
-        f" {'total ms':>9} {'drop+decision ms':>16}"
+        f"{'tree':<5} {'urls':>8} {'resident':>8} {'drop ms':>8} {'longest step ms':>15} {'p99 ms':>6}"
+        f" {'>10ms':>5} {'steps':>6} {'total ms':>9} {'drop+decision ms':>16}"
     )
     for resident in args.resident:
         for name, tree in trees:
             row = run_on(tree, args.urls, min(resident, args.urls), args.seed)
             print(
                 f"{name:<5} {args.urls:>8} {resident:>8} {row['drop'] * 1e3:>8.1f}"
-                f" {row['longest'] * 1e3:>15.1f} {row['steps']:>6.0f} {row['total'] * 1e3:>9.1f}"
+                f" {row['longest'] * 1e3:>15.1f} {row['p99'] * 1e3:>6.1f} {row['over']:>5.0f}"
+                f" {row['steps']:>6.0f} {row['total'] * 1e3:>9.1f}"
                 f" {(row['worst_drop'] + row['decide']) * 1e3:>16.1f}",
                 flush=True,
             )
