@@ -226,9 +226,14 @@ class NextUseIndex:
         return not self._pending
 
     def settle(self) -> None:
-        """Refile everything pending now: the orders are then exactly as if every drop had been eager."""
-        if self._pending:
-            self.refile_more(None)
+        """Refile everything pending now: the orders are then exactly as if every drop had been eager.
+
+        In bulk (`_refile_all`): a decision waits for this, and per url `replan` moves each entry in two
+        SortedLists one by one (~25-45 us a url at 10^5 resident, most of it in those moves)."""
+        while self._pending:
+            (chain, epoch), _ = next(iter(self._pending.items()))
+            del self._pending[(chain, epoch)]
+            self._refile_all(chain, epoch)
 
     def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
         """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
@@ -297,6 +302,67 @@ class NextUseIndex:
         return None if best is None else (best, best_time)
 
     # -- internals --------------------------------------------------------------------------------------
+    def _refile_all(self, chain: Chain, epoch: int) -> None:
+        """`replan(url, chain)` for every url filed under `chain`'s `epoch`, with the same result, the
+        sorted orders changed in bulk (cut and merged) instead of entry by entry."""
+        order = self._chains.get(chain)
+        if order is None:
+            return
+        lo, hi = order.bisect_left((epoch,)), order.bisect_left((epoch + 1,))
+        kept: list[Entry] = []  # entries that stay (the live plan of that epoch, if one replaced it)
+        owned_out: dict[Chain, list[Entry]] = {}
+        owned_in: dict[Chain, list[Entry]] = {}
+        idle_in: list[tuple[int, int, str]] = []
+        for entry in order[lo:hi]:
+            url = entry[2]
+            key = self._use_in(url, chain)
+            keys = self._keys[url]
+            if key == entry[:2]:
+                kept.append(entry)
+                continue
+            del keys[chain]  # then set again: the dict's order (min's ties) as `replan` leaves it
+            if key is not None:
+                keys[chain] = key
+                kept.append((*key, url))
+            known = self._owner.get(url)
+            if keys:
+                owner = (
+                    min(keys, key=lambda c: self._use_time(c, *keys[c]))
+                    if len(keys) > 1
+                    else next(iter(keys))
+                )
+                owned = (*keys[owner], url)
+                if known is not None and known[0] is owner and known[1] == owned:
+                    continue
+                self._owner[url] = (owner, owned)
+                owned_in.setdefault(owner, []).append(owned)
+            else:
+                del self._keys[url]
+                self._owner.pop(url, None)
+                rank = self._rank(url)
+                self._idle_rank[url] = rank
+                idle_in.append((rank, self._seq[url], url))
+            if known is not None:
+                owned_out.setdefault(known[0], []).append(known[1])
+        del order[lo:hi]
+        order.update(kept)
+        if not order:
+            del self._chains[chain]
+        for owner, entries in owned_out.items():
+            listed = self._owned[owner]
+            if len(entries) * 8 >= len(listed):  # most of it: rebuild rather than remove one by one
+                gone = set(entries)
+                listed = self._owned[owner] = SortedList(e for e in listed if e not in gone)
+            else:
+                for gone_entry in entries:
+                    listed.remove(gone_entry)
+        for owner, entries in owned_in.items():
+            self._owned.setdefault(owner, SortedList()).update(entries)
+        for owner in owned_out:
+            if owner in self._owned and not self._owned[owner]:
+                del self._owned[owner]
+        self._idle.update(idle_in)
+
     def _chain(self, chain: Chain) -> SortedList:
         order = self._chains.get(chain)
         if order is None:

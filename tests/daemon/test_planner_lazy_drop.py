@@ -173,3 +173,33 @@ def test_a_stale_slots_plans_are_refiled_before_the_decision_that_retired_them()
     planner.touch("b")
     now[0] = 10.0  # the slot goes stale in the decision itself (`maybe_expire`): every shard is idle then
     assert planner.choose_resident_victim(lambda url: True) == "c"
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_settle_in_bulk_leaves_the_state_refiling_url_by_url_leaves(seed: int) -> None:
+    states = []
+    for bulk in (True, False):
+        rng = random.Random(seed)
+        now = [0.0]
+        planner = Planner(prefetch_depth=0, clock=lambda now=now: now[0], stale_after_s=1e9)  # type: ignore[misc]
+        plans = []
+        for _ in range(rng.randrange(2, 8)):
+            urls = [rng.choice(URLS) for _ in range(rng.randrange(0, 16))]
+            plans.append(planner.add_plan(rng.choice("ab"), rng.randrange(2), rng.randrange(3), urls))
+        for url in rng.sample(URLS, 16):
+            planner.resident(url)
+        for _ in range(rng.randrange(0, 6)):
+            plan_id = rng.choice(plans)
+            if planner.has_plan(plan_id):
+                now[0] += rng.choice([0.0, 1.0, 2.5])
+                planner.record_open(rng.choice(URLS), plan_id)
+        for plan_id in rng.sample(plans, rng.randrange(1, len(plans) + 1)):
+            planner.drop_plan(plan_id)
+        if bulk:
+            planner._index.settle()
+        else:
+            while not planner.refile_more(1):
+                pass
+        states.append(index_state(planner))
+    assert states[0] == states[1]
