@@ -177,9 +177,9 @@ def test_a_stale_slots_plans_are_refiled_before_the_decision_that_retired_them()
 
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_a_settle_in_bulk_leaves_the_state_refiling_url_by_url_leaves(seed: int) -> None:
+def test_a_settle_and_pieces_leave_the_state_an_eager_delete_leaves(seed: int) -> None:
     states = []
-    for bulk in (True, False):
+    for mode in ("settle", "pieces", "eager"):
         rng = random.Random(seed)
         now = [0.0]
         planner = Planner(prefetch_depth=0, clock=lambda now=now: now[0], stale_after_s=1e9)  # type: ignore[misc]
@@ -195,11 +195,15 @@ def test_a_settle_in_bulk_leaves_the_state_refiling_url_by_url_leaves(seed: int)
                 now[0] += rng.choice([0.0, 1.0, 2.5])
                 planner.record_open(rng.choice(URLS), plan_id)
         for plan_id in rng.sample(plans, rng.randrange(1, len(plans) + 1)):
-            planner.drop_plan(plan_id)
-        if bulk:
+            if mode == "eager":  # refiles url by url (`replan`) as it unindexes the plan
+                planner._registry.delete_plan(plan_id)
+            else:
+                planner.drop_plan(plan_id)
+        if mode == "settle":
             planner._index.settle()
         else:
             while not planner.refile_more(1):
                 pass
         states.append(index_state(planner))
-    assert states[0] == states[1]
+    assert states[0] == states[2]
+    assert states[1] == states[2]
