@@ -67,7 +67,7 @@ def resident_planner(stale_after_s: float = 1e9) -> tuple[Planner, list[str], li
     return planner, plans, urls
 
 
-def index_state(planner: Planner) -> object:
+def index_state(planner: Planner) -> tuple[object, ...]:
     """Everything the next-use index keeps, comparable across two planners (chains by job and slot)."""
     index = planner._index
 
@@ -204,6 +204,12 @@ def test_a_settle_and_pieces_leave_the_state_an_eager_delete_leaves(seed: int) -
         else:
             while not planner.refile_more(1):
                 pass
+        index = planner._index
+        for url, (owner, entry) in index._owner.items():  # an owned entry is one of the url's next uses
+            assert entry == (*index._keys[url][owner], url) and entry in index._owned[owner]
+        assert sum(map(len, index._owned.values())) == len(index._owner) == len(index._keys)
         states.append(index_state(planner))
-    assert states[0] == states[2]
-    assert states[1] == states[2]
+    assert states[0] == states[1]
+    # Owners may differ from the eager drops': a chain's times change as each of its plans goes, and any
+    # owner is correct (nextuse.py); every next use and the idle order may not.
+    assert (states[0][0], states[0][1], states[0][4]) == (states[2][0], states[2][1], states[2][4])
