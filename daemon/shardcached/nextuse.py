@@ -28,7 +28,7 @@ not in the walk at all (see docs/benchmarks.md, "Eviction decisions at scale").
 
 A dropped plan (a DELETE, a replaced plan, a stale slot's expiry) is refiled lazily: ``dropped`` only notes
 its (chain, epoch), and ``refile_more`` refiles the resident urls filed under it in pieces (the daemon's
-indexer, indexing.py), ~45 us each at 10^5 resident, where refiling them all at once held the loop 4.5 s.
+indexer, indexing.py), ~30 us each at 10^5 resident, where refiling them all at once held the loop 3-4.5 s.
 Until then the orders are half-dropped: a url whose only use was the dropped plan is still filed under its
 chain instead of idle, and the threshold walk's premise (entry times never decrease along a chain's order)
 fails on the dead entries. So every reader of the orders (``least_recent_idle``, ``farthest``) first
