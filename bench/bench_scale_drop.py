@@ -1,37 +1,89 @@
-"""A plan dropped while it holds many resident shards: how long the planner's one step takes (issue 25).
+"""A plan dropped while it holds many resident shards: the loop's longest step after it (issue 25).
 
 In-process, the planner alone (no daemon, no files). One job's slot has its plans for epochs 0 and 1 over a
 dataset of `--urls` shards (two shuffles); R of the shards are resident (told to the planner as the store
 would). Then the plan of epoch 0 is dropped, as `DELETE /v1/plans/{id}` or a stale (job, slot)'s expiry
-does: `Planner.drop_plan` runs on the daemon's event loop in one step, and it refiles every resident url the
-plan held (`NextUseIndex.dropped`), so the step grows with R. Printed per R: that step's thread CPU time and
-wall time, and the ratio to the smallest R. Its index entries are then removed in bounded steps
-(`unindex_more`, not timed here: bench_scale_daemon's loop trace covers those).
+does (`Planner.drop_plan`, one loop step), and the daemon's indexer (`PlanIndexer.step`, default budget)
+works off what follows in its own loop steps: refiling the resident shards the plan held (where the tree has
+lazy refiling) and removing its index entries. Printed per R, in thread CPU time: the drop's step, the
+longest indexer step, its 99th percentile, how many steps took over 10 ms, the indexer's step count and
+total, and the worst case of lazy refiling: the epoch-1 plan dropped and an eviction decision
+(`choose_resident_victim`) taken at once, before any indexer step, which then settles every pending refile
+itself (the drop's step plus the decision's).
 
-    .venv/bin/python -m bench.bench_scale_drop --urls 1000000 --resident 1000 10000 100000
+With `--baseline TREE` each R is measured on TREE too (its daemon/ first on the path, this script), in the
+same run, alternating:
+
+    PYTHONPATH=daemon:client:protocol .venv/bin/python -m bench.bench_scale_drop --baseline /work/main
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 
+from shardcached.indexing import PlanIndexer
 from shardcached.planner import Planner
 
+Row = dict[str, float]
 
-def measure(urls: int, resident: int, seed: int) -> tuple[float, float]:
-    """(thread CPU s, wall s) of dropping the epoch-0 plan holding `resident` resident shards."""
+
+def cpu_of(work: Callable[[], object]) -> float:
+    """Thread CPU seconds of calling `work`."""
+    start = time.thread_time()
+    work()
+    return time.thread_time() - start
+
+
+def measure(urls: int, resident: int, seed: int) -> Row:
+    """The CPU of a drop holding `resident` resident shards and what follows (see the module docstring)."""
     rng = random.Random(seed)
     names = [f"s3://bucket/shard-{i:07d}.tar" for i in range(urls)]
     planner = Planner(prefetch_depth=0, clock=lambda: 1000.0, stale_after_s=1e9)
     current = planner.add_plan("job", 0, 0, rng.sample(names, len(names)))
-    planner.add_plan("job", 0, 1, rng.sample(names, len(names)))
+    following = planner.add_plan("job", 0, 1, rng.sample(names, len(names)))
     for url in rng.sample(names, resident):
         planner.resident(url)
-    cpu, wall = time.thread_time(), time.perf_counter()
-    assert planner.drop_plan(current)
-    return time.thread_time() - cpu, time.perf_counter() - wall
+    indexer = PlanIndexer(planner)
+    drop = cpu_of(lambda: planner.drop_plan(current))
+    steps: list[float] = []
+    busy = [True]
+    while busy[0]:
+        steps.append(cpu_of(lambda: busy.__setitem__(0, indexer.step())))
+    worst_drop = cpu_of(lambda: planner.drop_plan(following))
+    decide = cpu_of(lambda: planner.choose_resident_victim(lambda url: True))
+    return {
+        "drop": drop,
+        "longest": max(steps),
+        "p99": sorted(steps)[int(0.99 * (len(steps) - 1))],
+        "over": sum(step > 0.010 for step in steps),
+        "total": sum(steps),
+        "steps": len(steps),
+        "worst_drop": worst_drop,
+        "decide": decide,
+    }
+
+
+def run_on(tree: str, urls: int, resident: int, seed: int) -> Row:
+    """`measure` in a subprocess whose daemon package is `tree`'s."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([f"{tree}/daemon", f"{tree}/protocol", os.getcwd()])
+    argv = ["--urls", str(urls), "--resident", str(resident), "--seed", str(seed), "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_scale_drop", *argv],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    row: Row = json.loads(out.stdout)
+    return row
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,16 +91,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--urls", type=int, default=100_000, help="shards in each plan")
     parser.add_argument("--resident", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline", metavar="TREE", help="a checkout to measure too (e.g. main)")
+    parser.add_argument("--json", action="store_true", help="one R, measured here, printed as JSON")
     args = parser.parse_args(argv)
-    print(f"{'urls':>9} {'resident':>9} {'drop cpu ms':>12} {'drop wall ms':>13}")
-    rows = []
+    if args.json:
+        print(json.dumps(measure(args.urls, min(args.resident[0], args.urls), args.seed)))
+        return
+    trees = [("this", os.getcwd())] + ([("base", args.baseline)] if args.baseline else [])
+    print(
+        f"{'tree':<5} {'urls':>8} {'resident':>8} {'drop ms':>8} {'longest step ms':>15} {'p99 ms':>6}"
+        f" {'>10ms':>5} {'steps':>6} {'total ms':>9} {'drop+decision ms':>16}"
+    )
     for resident in args.resident:
-        cpu, wall = measure(args.urls, min(resident, args.urls), args.seed)
-        rows.append((resident, cpu))
-        print(f"{args.urls:>9} {resident:>9} {cpu * 1e3:>12.1f} {wall * 1e3:>13.1f}", flush=True)
-    (low, low_cpu), (high, high_cpu) = rows[0], rows[-1]
-    if high > low:
-        print(f"ratio {high}/{low} resident: drop cpu {high_cpu / low_cpu:.1f}x")
+        for name, tree in trees:
+            row = run_on(tree, args.urls, min(resident, args.urls), args.seed)
+            print(
+                f"{name:<5} {args.urls:>8} {resident:>8} {row['drop'] * 1e3:>8.1f}"
+                f" {row['longest'] * 1e3:>15.1f} {row['p99'] * 1e3:>6.1f} {row['over']:>5.0f}"
+                f" {row['steps']:>6.0f} {row['total'] * 1e3:>9.1f}"
+                f" {(row['worst_drop'] + row['decide']) * 1e3:>16.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ bound on the loop's time), so an open or a health check on another connection wa
 A registration is answered once its plan's head (the first piece) is indexed: the plan is registered and
 its first opens advance its cursor at once, and the rest is indexed long before a reader gets there (a
 1M-url plan in a few seconds; a reader opens a few shards a second). Deleted and stale plans are dropped
-from the planner at once and their entries removed here afterwards.
+from the planner at once; the resident shards they held are refiled by next use here afterwards (a decision
+that comes first settles the rest itself: nextuse.py), then their entries are removed.
 
 The position index is frozen (`gc.freeze`) when this starts, and a long plan's url lists by the worker
 thread that reads them (planbody.py), before any collection can walk them.
@@ -29,6 +30,7 @@ from shardcached.plans import Plan
 logger = logging.getLogger(__name__)
 
 CHUNK = 500  # urls indexed or unindexed at a time (~0.5-2 ms), repeated within a step's budget
+REFILE_CHUNK = 50  # resident shards of dropped plans refiled at a time (~30 us each at 10^5 resident)
 BUDGET_S = 0.004  # the loop's time one step may take, checked between pieces of `CHUNK` urls
 
 
@@ -47,17 +49,20 @@ def _freeze() -> None:
 
 class PlanIndexer:
     """Indexes new plans and unindexes dropped ones in the background, in loop steps of at most `budget_s`
-    (`chunk` urls at a time; `clock`: seconds, injected so that tests can drive it)."""
+    (`chunk` urls at a time, `refile_chunk` resident shards of dropped plans refiled at a time; `clock`:
+    seconds, injected so that tests can drive it)."""
 
     def __init__(
         self,
         planner: Planner,
         chunk: int = CHUNK,
+        refile_chunk: int = REFILE_CHUNK,
         budget_s: float = BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.planner = planner
         self.chunk = chunk
+        self.refile_chunk = refile_chunk
         self.budget_s = budget_s
         self._clock = clock
         self._pending: deque[Plan] = deque()
@@ -74,14 +79,15 @@ class PlanIndexer:
     @property
     def busy(self) -> bool:
         """Whether plans are still being indexed or unindexed."""
-        return bool(self._pending) or self.planner.unindex_pending
+        return bool(self._pending) or self.planner.refile_pending or self.planner.unindex_pending
 
     def wake(self) -> None:
         """Plans were registered or dropped: look for work."""
         self._work.set()
 
     async def run(self) -> None:
-        """Index pending plans first (their next uses matter), then remove dropped plans' entries.
+        """Refile dropped plans' resident shards first (an eviction meanwhile would finish it on the loop),
+        then index pending plans (their next uses matter), then remove dropped plans' entries.
 
         Starts by freezing the collector's objects: the daemon's start-up objects, the position index's
         parts among them, are never walked again (plans.Positions)."""
@@ -97,7 +103,9 @@ class PlanIndexer:
         """One step of work, pieces of `chunk` urls until `budget_s` is spent; whether any work is left."""
         deadline = self._clock() + self.budget_s
         while True:
-            if self._pending:
+            if self.planner.refile_pending:
+                self.planner.refile_more(self.refile_chunk)
+            elif self._pending:
                 if self.planner.index_more(self._pending[0], self.chunk):
                     self._pending.popleft()
             elif self.planner.unindex_pending:

@@ -26,6 +26,17 @@ needs sooner before it reaches the victim: right at an epoch start, with every r
 current epoch and planned again in the next, that was every next-epoch entry. Under owners those entries are
 not in the walk at all (see docs/benchmarks.md, "Eviction decisions at scale").
 
+A dropped plan (a DELETE, a replaced plan, a stale slot's expiry) is refiled lazily: ``dropped`` only notes
+its (chain, epoch), and ``refile_more`` refiles the resident urls filed under it in pieces (the daemon's
+indexer, indexing.py), ~30 us each at 10^5 resident, where refiling them all at once held the loop 3-4.5 s.
+Until then the orders are half-dropped: a url whose only use was the dropped plan is still filed under its
+chain instead of idle, and the threshold walk's premise (entry times never decrease along a chain's order)
+fails on the dead entries. So every reader of the orders (``least_recent_idle``, ``farthest``) first
+settles what is pending, synchronously and in bulk (``settle``: ~10 us a url, the orders cut and merged):
+decisions see exactly the eager state, and a drop costs the loop only its pieces unless a decision comes
+before they are done. Any other refile of a url meanwhile (indexed, unindexed, passed) reads the live plans,
+so it is already right and the pending refile of it is a no-op.
+
 Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
 unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
 loop thread only.
@@ -107,6 +118,8 @@ class NextUseIndex:
         self._owner: dict[str, tuple[Chain, Entry]] = {}  # planned resident url -> its owned entry
         self._idle: SortedList = SortedList()  # (rank, seq, url) of resident urls in no plan ahead
         self._idle_rank: dict[str, int] = {}  # idle url -> the rank it is filed under
+        # (chain, epoch) of a dropped plan -> the last of its entries refiled (None: none yet); oldest first.
+        self._pending: dict[tuple[Chain, int], Entry | None] = {}
 
     def __contains__(self, url: str) -> bool:
         return url in self._seq
@@ -176,14 +189,39 @@ class NextUseIndex:
             self._file_idle(url)
 
     def dropped(self, chain: Chain, epoch: int) -> None:
-        """`chain`'s plan for `epoch` is no longer live: refile the resident urls it held now (their use there
-        is gone), though the plan's entries in the position index are removed later, in steps."""
-        order = self._chains.get(chain)
-        if order is None:
+        """`chain`'s plan for `epoch` is no longer live: its resident urls are to be refiled (their use there
+        is gone), by `refile_more` in pieces or by `settle` before the next decision. O(1)."""
+        if self._by_recency_only or chain not in self._chains:
             return
-        # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
-        for _, _, url in list(order.irange(minimum=(epoch,), maximum=(epoch + 1,), inclusive=(True, False))):
-            self.replan(url, chain)
+        # Dropped again while pending (the plan that replaced it): start over, since the entries the walk has
+        # passed may be the replacement's, live until now.
+        self._pending[(chain, epoch)] = None
+
+    @property
+    def refile_pending(self) -> bool:
+        """Whether dropped plans still have resident urls to refile (see `refile_more`)."""
+        return bool(self._pending)
+
+    def refile_more(self, budget: int | None) -> bool:
+        """Refile up to `budget` (None: all) entries of dropped plans, oldest drop first; True once none is
+        left. Each (chain, epoch) is walked in its order from where the last piece stopped: a refile moves
+        the url out of that epoch, or (the epoch's plan was replaced) to its live use there, met again as a
+        no-op at worst."""
+        while self._pending and (budget is None or budget > 0):
+            (chain, epoch), after = next(iter(self._pending.items()))
+            count, resume = self._refile(chain, epoch, after, budget)
+            if resume is None:
+                del self._pending[(chain, epoch)]
+            else:
+                self._pending[(chain, epoch)] = resume
+            if budget is not None:
+                budget -= count
+        return not self._pending
+
+    def settle(self) -> None:
+        """Refile everything pending now: the orders are then exactly as if every drop had been eager."""
+        if self._pending:
+            self.refile_more(None)
 
     def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
         """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
@@ -198,11 +236,13 @@ class NextUseIndex:
     # -- decisions --------------------------------------------------------------------------------------
     def least_recent_idle(self, usable: Callable[[str], bool]) -> str | None:
         """The least recent idle url that `usable` accepts (first in store order on ties), or None."""
+        self.settle()
         idle: Iterator[tuple[int, int, str]] = iter(self._idle)
         return next((url for _, _, url in idle if usable(url)), None)
 
     def any_usable(self, usable: Callable[[str], bool]) -> bool:
-        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses)."""
+        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses). Reads the
+        residency alone, which a pending refile does not change: nothing to settle."""
         return any(usable(url) for url in self._seq)
 
     def farthest(
@@ -217,6 +257,7 @@ class NextUseIndex:
         decrease along the chain's order (it is the chain's time line). `next_time(url)` is the exact
         estimate (the min over every plan holding the url), which decides.
         """
+        self.settle()  # a dropped plan's entries would break the walk's premise (module docstring)
         heads: list[tuple[float, int, str, Chain, Iterator[Entry]]] = []
         for tiebreak, (chain, order) in enumerate(self._owned.items()):
             walk = reversed(order)
@@ -249,6 +290,76 @@ class NextUseIndex:
         return None if best is None else (best, best_time)
 
     # -- internals --------------------------------------------------------------------------------------
+    def _refile(
+        self, chain: Chain, epoch: int, after: Entry | None, limit: int | None
+    ) -> tuple[int, Entry | None]:
+        """`replan(url, chain)` for the next `limit` (None: all) urls filed under `chain`'s `epoch` after
+        `after`, with the same result, the sorted orders changed in bulk (cut and merged) rather than entry
+        by entry (~10 us a url at 10^5 resident instead of ~25-45). (urls refiled, the last entry met if
+        some are left, else None)."""
+        order = self._chains.get(chain)
+        if order is None:
+            return 0, None
+        # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
+        lo = order.bisect_left((epoch,)) if after is None else order.bisect_right(after)
+        end = order.bisect_left((epoch + 1,))
+        hi = end if limit is None else min(end, lo + limit)
+        entries: list[Entry] = order[lo:hi]
+        kept: list[Entry] = []  # entries that stay (the live plan of that epoch, if one replaced it)
+        owned_out: dict[Chain, list[Entry]] = {}
+        owned_in: dict[Chain, list[Entry]] = {}
+        idle_in: list[tuple[int, int, str]] = []
+        for entry in entries:
+            url = entry[2]
+            key = self._use_in(url, chain)
+            keys = self._keys[url]
+            if key == entry[:2]:
+                kept.append(entry)
+                continue
+            del keys[chain]  # then set again: the dict's order (min's ties) as `replan` leaves it
+            if key is not None:
+                keys[chain] = key
+                kept.append((*key, url))
+            known = self._owner.get(url)
+            if keys:
+                owner = (
+                    min(keys, key=lambda c: self._use_time(c, *keys[c]))
+                    if len(keys) > 1
+                    else next(iter(keys))
+                )
+                owned = (*keys[owner], url)
+                if known is not None and known[0] is owner and known[1] == owned:
+                    continue
+                self._owner[url] = (owner, owned)
+                owned_in.setdefault(owner, []).append(owned)
+            else:
+                del self._keys[url]
+                self._owner.pop(url, None)
+                rank = self._rank(url)
+                self._idle_rank[url] = rank
+                idle_in.append((rank, self._seq[url], url))
+            if known is not None:
+                owned_out.setdefault(known[0], []).append(known[1])
+        del order[lo:hi]
+        order.update(kept)
+        if not order:
+            del self._chains[chain]
+        for owner, out in owned_out.items():
+            listed = self._owned[owner]
+            if len(out) * 8 >= len(listed):  # most of it: rebuild rather than remove one by one
+                gone = set(out)
+                listed = self._owned[owner] = SortedList(e for e in listed if e not in gone)
+            else:
+                for gone_entry in out:
+                    listed.remove(gone_entry)
+        for owner, filed in owned_in.items():
+            self._owned.setdefault(owner, SortedList()).update(filed)
+        for owner in owned_out:
+            if owner in self._owned and not self._owned[owner]:
+                del self._owned[owner]
+        self._idle.update(idle_in)
+        return len(entries), (entries[-1] if hi < end else None)
+
     def _chain(self, chain: Chain) -> SortedList:
         order = self._chains.get(chain)
         if order is None:

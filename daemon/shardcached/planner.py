@@ -104,7 +104,9 @@ class Planner:
         its cursor (a client re-registers after reconnecting); with other urls it replaces the plan.
         The whole plan is indexed before this returns (the daemon uses `begin_plan` and `index_more`).
         """
-        return self._registry.add_plan(job, slot, epoch, list(urls))
+        plan_id = self._registry.add_plan(job, slot, epoch, list(urls))
+        self._index.settle()  # a replaced plan's resident shards too
+        return plan_id
 
     def begin_plan(
         self, job: str, slot: int, epoch: int, urls: list[str], digest: str | None = None
@@ -119,10 +121,13 @@ class Planner:
     def delete_plan(self, plan_id: str) -> bool:
         """Forget a plan and remove it from the index; False if the id is unknown (never registered,
         deleted, or dropped as stale)."""
-        return self._registry.delete_plan(plan_id)
+        deleted = self._registry.delete_plan(plan_id)
+        self._index.settle()
+        return deleted
 
     def drop_plan(self, plan_id: str) -> bool:
-        """Forget a plan now and leave its index entries to `unindex_more`; False if the id is unknown."""
+        """Forget a plan now and leave its index entries to `unindex_more` and the refiling of its resident
+        shards to `refile_more` (or the next decision); False if the id is unknown. O(1) in its length."""
         return self._registry.drop_plan(plan_id)
 
     def unindex_more(self, budget: float) -> bool:
@@ -134,6 +139,16 @@ class Planner:
         """Whether dropped plans still have entries in the index (see `unindex_more`)."""
         return self._registry.unindex_pending
 
+    def refile_more(self, budget: int) -> bool:
+        """Refile up to `budget` resident shards of dropped plans by their next use (nextuse.py); True once
+        none is left. Decisions settle what is left first, so this only keeps them cheap."""
+        return self._index.refile_more(budget)
+
+    @property
+    def refile_pending(self) -> bool:
+        """Whether dropped plans still have resident shards to refile (see `refile_more`)."""
+        return self._index.refile_pending
+
     def orphan(self, plan_id: str, grace_s: float) -> bool:
         """The process that registered `plan_id` exited: drop its (job, slot)'s plans after `grace_s`
         unless an open or a new registration shows the slot is read on; False for an unknown id."""
@@ -142,7 +157,9 @@ class Planner:
     def expire_stale(self) -> int:
         """Drop the plans of every (job, slot) idle for `stale_after_s` and remove them from the index;
         returns how many plans went."""
-        return self._registry.expire_stale()
+        dropped = self._registry.expire_stale()
+        self._index.settle()
+        return dropped
 
     def retire_stale(self) -> int:
         """Drop the plans of every (job, slot) idle for `stale_after_s`, leaving their index entries to
