@@ -75,32 +75,44 @@ def slot_share(
     per_group = layout.total_slots // groups
     g, j = divmod(slot, per_group)
     exchange = partitioning.exchange if groups > 1 else 0.0
+    salt = f":g{g}" if groups > 1 else ""
     if partitioning.even is None and not exchange and fixed_owner is None:
-        members: np.ndarray | None = None
-        size, salt = n, ""
-        if groups > 1:
-            members = group_members(weights(), groups)[g]
-            size, salt = len(members), f":g{g}"
-        positions = np.arange((j - round_index * size) % per_group, size, per_group, dtype=_INT)
-        if shuffle:
-            positions = order_at(positions, size, seed, epoch, round_index, salt)
-        units = positions if members is None else members[positions]
-        return [Piece(u) for u in units.tolist()]
+        if groups == 1:
+            return _stride(n, None, j, per_group, seed, epoch, round_index, salt, shuffle)
+        members = group_members(weights(), groups)[g]
+        return _stride(len(members), members, j, per_group, seed, epoch, round_index, salt, shuffle)
     by_rank = _rank_order(n, weights, groups, fixed_owner)  # the units in canonical order
     owner = _owner(n, weights, groups, fixed_owner)
     if exchange:
         owner = exchanged_owner(owner, exchange, groups, seed, epoch)
     if partitioning.even is None:
         mine = by_rank[owner[by_rank] == g]  # group g's units in canonical order
-        size, salt = len(mine), f":g{g}" if groups > 1 else ""
-        positions = np.arange((j - round_index * size) % per_group, size, per_group, dtype=_INT)
-        if shuffle:
-            positions = order_at(positions, size, seed, epoch, round_index, salt)
-        return [Piece(u) for u in mine[positions].tolist()]
+        return _stride(len(mine), mine, j, per_group, seed, epoch, round_index, salt, shuffle)
     assert counts is not None
     sizes = np.asarray(counts(), dtype=_INT)
     deal = _EvenDeal(sizes, by_rank, owner, groups, layout, partitioning)
     return deal.share(seed, epoch, round_index, g, j, shuffle)
+
+
+def _stride(
+    size: int,
+    units: np.ndarray | None,
+    j: int,
+    per_group: int,
+    seed: int,
+    epoch: int,
+    round_index: int,
+    salt: str,
+    shuffle: bool,
+) -> list[Piece]:
+    """Slot j's pieces of its group's `size` units (`units` in canonical order; None: 0 .. size - 1): the
+    positions of the group's order congruent to j (shifted by the round), each mapped alone (`order_at`),
+    O(size / per_group)."""
+    positions = np.arange((j - round_index * size) % per_group, size, per_group, dtype=_INT)
+    if shuffle:
+        positions = order_at(positions, size, seed, epoch, round_index, salt)
+    chosen = positions if units is None else units[positions]
+    return [Piece(u) for u in chosen.tolist()]
 
 
 def _rank_order(
