@@ -8,8 +8,10 @@ works off what follows in its own loop steps: refiling the resident shards the p
 lazy refiling) and removing its index entries. Printed per R, in thread CPU time: the drop's step, the
 longest indexer step, its 99th percentile, how many steps took over 10 ms, the indexer's step count and
 total, and the worst case of lazy refiling: the epoch-1 plan dropped and an eviction decision
-(`choose_resident_victim`) taken at once, before any indexer step, which then settles every pending refile
-itself (the drop's step plus the decision's).
+(`choose_resident_victim`) wanted at once, before any indexer step. A tree with `indexing.refiled` (what
+`Space.make_room` awaits first) refiles in pieces, the loop free between them: its longest step and total
+are the last two columns, and the decision then finds nothing pending; on a tree without it the decision
+settles every pending refile itself, in one step (the drop's step plus the decision's).
 
 With `--baseline TREE` each R is measured on TREE too (its daemon/ first on the path, this script), in the
 same run, alternating:
@@ -26,12 +28,16 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
+import shardcached.indexing
 from shardcached.indexing import PlanIndexer
 from shardcached.planner import Planner
 
 Row = dict[str, float]
+# Trees before `indexing.refiled` settle inside the decision, in one step (the last column alone then).
+Refiled = Callable[[Planner], Coroutine[None, None, None]]
+REFILED: Refiled | None = getattr(shardcached.indexing, "refiled", None)
 
 
 def cpu_of(work: Callable[[], object]) -> float:
@@ -57,6 +63,7 @@ def measure(urls: int, resident: int, seed: int) -> Row:
     while busy[0]:
         steps.append(cpu_of(lambda: busy.__setitem__(0, indexer.step())))
     worst_drop = cpu_of(lambda: planner.drop_plan(following))
+    awaited = awaited_refile(planner) if REFILED is not None else []
     decide = cpu_of(lambda: planner.choose_resident_victim(lambda url: True))
     return {
         "drop": drop,
@@ -67,7 +74,25 @@ def measure(urls: int, resident: int, seed: int) -> Row:
         "steps": len(steps),
         "worst_drop": worst_drop,
         "decide": decide,
+        "awaited_longest": max(awaited, default=0.0),
+        "awaited_total": sum(awaited),
     }
+
+
+def awaited_refile(planner: Planner) -> list[float]:
+    """The thread CPU of each loop step of `indexing.refiled` (what an open that needs room awaits before
+    its decision), driven by hand: one `send` is one step between two yields to the loop."""
+    steps: list[float] = []
+    assert REFILED is not None
+    waiting = REFILED(planner)
+    while True:
+        start = time.thread_time()
+        try:
+            waiting.send(None)
+        except StopIteration:
+            steps.append(time.thread_time() - start)
+            return steps
+        steps.append(time.thread_time() - start)
 
 
 def run_on(tree: str, urls: int, resident: int, seed: int) -> Row:
@@ -100,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     trees = [("this", os.getcwd())] + ([("base", args.baseline)] if args.baseline else [])
     print(
         f"{'tree':<5} {'urls':>8} {'resident':>8} {'drop ms':>8} {'longest step ms':>15} {'p99 ms':>6}"
-        f" {'>10ms':>5} {'steps':>6} {'total ms':>9} {'drop+decision ms':>16}"
+        f" {'>10ms':>5} {'steps':>6} {'total ms':>9} {'drop+decision ms':>16} {'awaited: step ms':>16}"
+        f" {'total ms':>8}"
     )
     for resident in args.resident:
         for name, tree in trees:
@@ -109,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{name:<5} {args.urls:>8} {resident:>8} {row['drop'] * 1e3:>8.1f}"
                 f" {row['longest'] * 1e3:>15.1f} {row['p99'] * 1e3:>6.1f} {row['over']:>5.0f}"
                 f" {row['steps']:>6.0f} {row['total'] * 1e3:>9.1f}"
-                f" {(row['worst_drop'] + row['decide']) * 1e3:>16.1f}",
+                f" {(row['worst_drop'] + row['decide']) * 1e3:>16.1f} {row['awaited_longest'] * 1e3:>16.1f}"
+                f" {row['awaited_total'] * 1e3:>8.1f}",
                 flush=True,
             )
 

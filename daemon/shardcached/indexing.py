@@ -7,8 +7,9 @@ bound on the loop's time), so an open or a health check on another connection wa
 A registration is answered once its plan's head (the first piece) is indexed: the plan is registered and
 its first opens advance its cursor at once, and the rest is indexed long before a reader gets there (a
 1M-url plan in a few seconds; a reader opens a few shards a second). Deleted and stale plans are dropped
-from the planner at once; the resident shards they held are refiled by next use here afterwards (a decision
-that comes first settles the rest itself: nextuse.py), then their entries are removed.
+from the planner at once; the resident shards they held are refiled by next use here afterwards, then their
+entries are removed. A decision needs the refile done (nextuse.py): one that comes first awaits `refiled`,
+which refiles the rest in pieces too, so the wait falls on that download alone, never on the loop.
 
 The position index is frozen (`gc.freeze`) when this starts, and a long plan's url lists by the worker
 thread that reads them (planbody.py), before any collection can walk them.
@@ -45,6 +46,19 @@ def _freeze() -> None:
     """
     gc.freeze()
     logger.debug("froze the collector's objects")
+
+
+async def refiled(planner: Planner, piece: int = REFILE_CHUNK) -> None:
+    """Return once no dropped plan has resident shards left to refile, refiling them in pieces of `piece`
+    with the loop free between two (the indexer works on them meanwhile as well).
+
+    An eviction decision would settle them itself, in one loop step: ~10 us a shard, 1-1.5 s at 10^5
+    resident, which every hit on the node would wait for. Awaited, the refile's time falls on the open that
+    needs room (it is about to download anyway). Returns without yielding when nothing is pending, so a
+    caller that decides right after it sees everything refiled."""
+    while planner.refile_pending:
+        planner.refile_more(piece)
+        await asyncio.sleep(0)
 
 
 class PlanIndexer:

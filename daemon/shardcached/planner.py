@@ -161,6 +161,11 @@ class Planner:
         self._index.settle()
         return dropped
 
+    def expire_due(self) -> None:
+        """Drop the plans of the slots stale by now, as the next decision would (amortised O(1)), so that a
+        caller can await their refile (indexing.refiled) before it decides."""
+        self._registry.maybe_expire(self._clock())
+
     def retire_stale(self) -> int:
         """Drop the plans of every (job, slot) idle for `stale_after_s`, leaving their index entries to
         `unindex_more`: O(plans), whatever their length. Returns how many plans went."""

@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
+from shardcached.indexing import refiled
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
@@ -127,7 +128,13 @@ class Space:
         waited = False
         while not store.fits(size) or self.disk_short(size):
             # The planner walks its ordered resident shards, asking `_usable` of those it meets: no list of
-            # every resident shard per decision (O(log R), not O(R) per eviction).
+            # every resident shard per decision (O(log R), not O(R) per eviction). Dropped plans' shards
+            # are refiled first, in pieces (stale slots' among them: the decision would drop them itself);
+            # the room may have changed meanwhile, so look again.
+            self.planner.expire_due()
+            if self.planner.refile_pending:
+                await refiled(self.planner)
+                continue
             victim = self._victim(url, demand=demand, warm=warm)
             if victim is None and not demand and self.planner.has_resident(self._usable):
                 raise NoRoom(url)  # a prefetch must wait: everything usable is needed sooner
