@@ -10,6 +10,7 @@ callback the loop runs (a task's step, a transport's read, a timer) is timed twi
   does not depend on how busy the machine is;
 - wall time (`time.perf_counter`): what a request on another connection really waited behind it.
 
+Only the daemon's loop is traced: callbacks of other threads' loops (fsspec's) pass through untimed.
 Each step's start (monotonic clock, comparable across processes), CPU and wall seconds are written as three
 float64 arrays when the daemon exits (`<path>.steps`), and the steps over `DETAIL_S` of CPU or wall with a
 label naming the code (`<path>.json`): for a task, the innermost coroutine frames where the step resumed and
@@ -76,7 +77,14 @@ class Tracer:
         handle_run = asyncio.events.Handle._run
         tracer = self
 
+        loop_thread = threading.get_ident()  # the daemon's loop runs in the thread that starts it
+
         def timed_run(handle: asyncio.events.Handle) -> None:
+            if threading.get_ident() != loop_thread:
+                # fsspec's own loop (thread `fsspecIO`: s3fs, aiohttp) runs its callbacks here too; they
+                # hold no step of the daemon's loop (only the GIL, in 5 ms switches), so are not counted.
+                handle_run(handle)
+                return
             callback = handle._callback  # type: ignore[attr-defined]
             task = getattr(callback, "__self__", None)
             before = _chain(task) if isinstance(task, asyncio.Task) else None

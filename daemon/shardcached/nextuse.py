@@ -33,9 +33,10 @@ Until then the orders are half-dropped: a url whose only use was the dropped pla
 chain instead of idle, and the threshold walk's premise (entry times never decrease along a chain's order)
 fails on the dead entries. So every reader of the orders (``least_recent_idle``, ``farthest``) first
 settles what is pending, synchronously and in bulk (``settle``: ~10 us a url, the orders cut and merged):
-decisions see exactly the eager state. The daemon never lets a decision settle: an open that needs room
-awaits the pieces first (indexing.refiled), so a drop costs the loop only its pieces. Any other refile of a url meanwhile (indexed, unindexed, passed) reads the live plans,
-so it is already right and the pending refile of it is a no-op.
+decisions see exactly the eager state. The daemon does not let a decision settle: an open that needs room
+awaits the pieces first (indexing.refiled), so a drop costs the loop only its pieces. Any other refile of a
+url meanwhile (indexed, unindexed, passed) reads the live plans, so it is already right and the pending
+refile of it is a no-op.
 
 Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
 unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
