@@ -88,7 +88,8 @@ class _Placement:
 
     def exchanged(self, fraction: float, groups: int, seed: int, epoch: int) -> np.ndarray:
         """Each canonical position's group this epoch (`exchanged_owner`), compact."""
-        return compact(exchanged_owner(self.owner, fraction, groups, seed, epoch))[self.by_rank]
+        ranked: np.ndarray = compact(exchanged_owner(self.owner, fraction, groups, seed, epoch))[self.by_rank]
+        return ranked
 
 
 _PLACEMENTS: IdentityMemo[_Placement] = IdentityMemo()
