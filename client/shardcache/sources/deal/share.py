@@ -8,9 +8,10 @@ deal's per-unit objects (a `Piece` per unit of the dataset, then lists of them p
   O(n log groups), once per process (`group_members`).
 - `exchange=` (units moved between node groups per epoch) and `even=` (the cut at sample granularity,
   which needs the sample count before every position of a group's order): passes over every unit, done on
-  numpy arrays (the exchange draw, a selection, a cumulative sum), with `Piece`s made for this slot's share
-  only. The cut's boundary rule (`cut`: a piece split between two slices gives its tail to the slice that
-  needs more than half of it) is replayed for the few pieces that straddle this slot's edges.
+  numpy arrays (the exchange draw, a selection, the group's whole order, a cumulative sum of its sizes in
+  that order), with `Piece`s made for this slot's share only (`sources.deal.streams`). The cut's boundary
+  rule (`cut`: a piece split between two slices gives its tail to the slice that needs more than half of
+  it) is replayed for the few pieces that straddle this slot's edges. ~25-70 ms per epoch at 10^6 units.
 
 An elastic resume (pieces that are not whole units) still plans the whole deal (`plan_epoch`).
 """
