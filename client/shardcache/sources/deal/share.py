@@ -18,6 +18,7 @@ An elastic resume (pieces that are not whole units) still plans the whole deal (
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,7 +76,7 @@ class _Placement:
             owner = np.asarray(fixed_owner, dtype=_INT)
             return _Placement(np.arange(n, dtype=_INT), owner, compact(owner))
         if groups == 1:
-            return _Placement(np.arange(n, dtype=_INT), np.zeros(n, dtype=_INT), np.zeros(n, dtype=np.uint8))
+            return _one_group(n)
         found = weights()
         return _PLACEMENTS.get(found, groups, lambda: _Placement._of_members(group_members(found, groups)))
 
@@ -96,10 +97,24 @@ class _Placement:
 _PLACEMENTS: IdentityMemo[_Placement] = IdentityMemo()
 
 
+@functools.lru_cache(maxsize=4)
+def _one_group(n: int) -> _Placement:
+    """Every unit in group 0, canonical order the unit order (read-only arrays, kept per n)."""
+    placement = _Placement(np.arange(n, dtype=_INT), np.zeros(n, dtype=_INT), np.zeros(n, dtype=np.uint8))
+    for array in (placement.by_rank, placement.owner, placement.ranked):
+        array.setflags(write=False)
+    return placement
+
+
 def _unit_sizes(counts: Sequence[int]) -> np.ndarray:
     """Every unit's samples as int64, memoised by the identity of `counts` (a manifest's counts are one
     list per process; converting 10^6 Python ints costs ~0.1 s)."""
-    return _SIZES.get(counts, None, lambda: np.asarray(counts, dtype=_INT))
+    return _SIZES.get(counts, None, lambda: _read_only(np.asarray(counts, dtype=_INT)))
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)  # shared by every epoch's streams: none may write into it
+    return array
 
 
 _SIZES: IdentityMemo[np.ndarray] = IdentityMemo()
@@ -210,8 +225,8 @@ class _EvenDeal:
     def _fixed(self, bounds: np.ndarray, g: int) -> Stream:
         """Group g's fixed part of the canonical stream: its slice `bounds[g]` .. `bounds[g + 1]`, from
         the units of the groups whose samples it spans only (one pass over the positions per such group)."""
-        if self.groups == 1:
-            return cut_slice(self._canonical().nonempty(), bounds, g)
+        if self.groups == 1:  # the one group's part is the whole stream (its bounds are 0 and the total)
+            return self._canonical().nonempty()
         ranked_sizes = compact(self.sizes)[self.by_rank]
         totals = np.bincount(self.ranked, weights=ranked_sizes, minlength=self.groups).astype(_INT)
         starts = lengths_bounds(totals.tolist())

@@ -197,10 +197,12 @@ def cut_slice(stream: Pieces, bounds: np.ndarray, k: int) -> Stream:
     if first >= last:
         return Stream.empty()
     part = stream.pick(first, last)
-    start, stop = part.start.copy(), part.stop.copy()
+    start, stop = part.start, part.stop
     for at in {0, last - first - 1}:
         begin, end = int(edges[first + at]), int(edges[first + at + 1])
         if begin < lo or end > hi:
+            if start is part.start:  # `pick` may give views of the stream's own arrays
+                start, stop = start.copy(), stop.copy()
             a, b = _part_of(begin, end, bounds, k)
             start[at], stop[at] = int(part.start[at]) + a, int(part.start[at]) + b
     return Stream(part.unit, start, stop, part.pad).nonempty()
