@@ -4,7 +4,9 @@
 `slot_share` computes that row alone (the same pieces: `tests/client/sources/deal/test_slot_share.py`), with
 array passes where `even=` (the cut at sample granularity) or `exchange=` need every unit. Both are timed
 on a synthetic deal (no files: n units of 20-32 samples, W = 1,024 ranks x 2 workers), each for a fresh
-epoch (the process caches the last few epoch orders), slot 777, same process, median of `--repeats`:
+epoch (the process's cache of recent epoch orders is emptied before each `slot_share`, since another case
+or `plan_epoch` may have made the same order, and a garbage collection runs before it, so that one owed for
+`plan_epoch`'s pieces does not land in it), slot 777, same process, median of `--repeats`:
 
     .venv/bin/python -m bench.bench_deal                          # n = 10^3, 10^4, 10^5
     .venv/bin/python -m bench.bench_deal --sizes 1000 1000000     # the 1M figures (minutes: plan_epoch)
@@ -13,9 +15,11 @@ epoch (the process caches the last few epoch orders), slot 777, same process, me
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
+from shardcache.sources.deal.order import shuffled
 from shardcache.sources.deal.partition import Layout, Partitioning, Piece, plan_epoch
 from shardcache.sources.deal.share import slot_share
 
@@ -42,6 +46,8 @@ def measure(n: int, even: str | None, exchange: float, groups: int, repeats: int
     slot_share(n, lambda: weights, layout, part, 1, 0, 0, slot, True, lambda: counts)  # the node shares, once
     mine_s, whole_s = [], []
     for epoch in range(1, repeats + 1):
+        shuffled.cache_clear()  # a fresh epoch: no order left by another case or by `plan_epoch`
+        gc.collect()  # the collection owed for `plan_epoch`'s 10^6 pieces is not the share's
         started = time.perf_counter()
         mine = slot_share(n, lambda: weights, layout, part, 1, epoch, 0, slot, True, lambda: counts)
         mine_s.append(time.perf_counter() - started)
