@@ -242,8 +242,7 @@ class WorkerHome:
         self.run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         # Held for the home's life (and by forked workers, who inherit it): a run dir whose owner lock is
         # free belongs to a process that is gone, killed before its finalizer could remove it.
-        owner = os.open(Path(self.run_dir) / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(owner, fcntl.LOCK_EX)
+        owner = _held_owner_lock(Path(self.run_dir))
         self.persistent = persistent
         self.dataloader: DataLoader[object] | None = None
         self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid(), owner)
@@ -270,6 +269,21 @@ class WorkerHome:
         if iterator is not None:
             iterator._shutdown_workers()
         self._finalizer()
+
+
+def _held_owner_lock(run_dir: Path) -> int:
+    """Create `run_dir`'s owner lock already held; its open descriptor.
+
+    The lock is made and taken under another name, then renamed into place: created in place, it would be
+    free between `open` and `flock`, and another trainer's `remove_dead_run_dirs` that looked in that
+    moment would take this live loader's directory for a dead one and remove it (the loader then fails on
+    its missing order file). Before the rename the directory has no lock, which that sweep leaves alone.
+    """
+    temp = run_dir / f"{OWNER_LOCK}.new"
+    owner = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    os.replace(temp, run_dir / OWNER_LOCK)
+    return owner
 
 
 def _remove_run_dir(run_dir: str, owner_pid: int, owner_fd: int) -> None:

@@ -51,18 +51,39 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def torchrun(nproc: int, out: Path, *args: str) -> Reports:
-    """Launch the worker on `nproc` ranks; every rank's report, by rank."""
+    """Launch the worker on `nproc` ranks; every rank's report, by rank.
+
+    Each rank's stdout and stderr go to its own file under `<out>/logs` (torchrun's `--log-dir` with
+    `--redirects 3`), so a failure shows the tail of every rank's log, not the end of interleaved output.
+    """
+    logs = out / "logs"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    command += ["--log-dir", str(logs), "--redirects", "3"]
     command += [str(WORKER), "--out", str(out), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(
-            f"torchrun with {nproc} ranks did not finish in {LAUNCH_TIMEOUT_S} s (a rank hung): {exc}"
+            f"torchrun with {nproc} ranks did not finish in {LAUNCH_TIMEOUT_S} s (a rank hung): {exc}\n"
+            + rank_logs(logs)
         )
-    assert done.returncode == 0, f"torchrun with {nproc} ranks failed:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"torchrun with {nproc} ranks failed (exit {done.returncode}); torchrun's stderr ends:\n"
+        f"{done.stderr[-3000:]}\n{rank_logs(logs)}"
+    )
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def rank_logs(logs: Path, tail: int = 6000) -> str:
+    """The end of every rank's stdout and stderr under torchrun's log folder, by rank and stream."""
+    # torchrun writes <logs>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
+    parts = []
+    for path in sorted(logs.glob("*/attempt_*/*/*.log")):
+        text = path.read_text(errors="replace")
+        cut = "" if len(text) <= tail else f"[... {len(text) - tail} characters cut ...]\n"
+        parts.append(f"----- {path.relative_to(logs)} -----\n{cut}{text[-tail:]}")
+    return "\n".join(parts) or f"(no rank logs under {logs})"
 
 
 @pytest.fixture(scope="module")

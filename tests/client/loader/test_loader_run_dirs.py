@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from shardcache.loader.stream import OWNER_LOCK, RUN_DIR_PREFIX
+from shardcache.loader.stream import OWNER_LOCK, RUN_DIR_PREFIX, WorkerHome, remove_dead_run_dirs
 
 TRAINER = textwrap.dedent(
     """
@@ -68,3 +69,27 @@ def test_the_run_dir_of_a_killed_loader_is_removed_by_the_next_one(local_shards,
         assert sorted(tmp.glob(f"{RUN_DIR_PREFIX}*")) == [alive]
     finally:
         os.close(owner)
+
+
+def test_a_sweep_while_a_new_loader_takes_its_lock_leaves_its_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Trainers started together (torchrun's ranks) sweep $TMPDIR while the others make their run dirs: a
+    # sweep that looked between the lock file's creation and its flock removed a live loader's directory.
+    # Here another trainer's sweep runs at exactly that moment: when the new loader takes its lock.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_flock = fcntl.flock
+    swept: list[int] = []
+
+    def flock_after_a_sweep(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX and not swept:  # the owner's blocking lock (a sweep's is LOCK_NB)
+            swept.append(remove_dead_run_dirs(tmp_path))
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_sweep)
+    home = WorkerHome(persistent=True)
+    try:
+        assert swept == [0], "the sweep removed the new loader's run dir"
+        assert (Path(home.run_dir) / OWNER_LOCK).is_file()
+    finally:
+        home.close()
