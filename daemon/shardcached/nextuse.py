@@ -85,6 +85,13 @@ def use_in(positions: Positions, plans: dict[str, Plan], url: str, chain: Chain)
     return best
 
 
+def _earliest(keys: dict[Chain, Key], use_time: UseTime) -> Chain:
+    """The chain whose use in `keys` comes first by `use_time` (the first such in `keys` on ties)."""
+    if len(keys) == 1:
+        return next(iter(keys))
+    return min(keys, key=lambda chain: use_time(chain, *keys[chain]))
+
+
 class NextUseIndex:
     """Resident urls: per chain by next use, and the idle ones by recency.
 
@@ -323,11 +330,7 @@ class NextUseIndex:
                 kept.append((*key, url))
             known = self._owner.get(url)
             if keys:
-                owner = (
-                    min(keys, key=lambda c: self._use_time(c, *keys[c]))
-                    if len(keys) > 1
-                    else next(iter(keys))
-                )
+                owner = _earliest(keys, self._use_time)
                 owned = (*keys[owner], url)
                 if known is not None and known[0] is owner and known[1] == owned:
                     continue
@@ -369,9 +372,7 @@ class NextUseIndex:
 
     def _own(self, url: str, keys: dict[Chain, Key], use_time: UseTime) -> None:
         """File `url` under the chain of its earliest use by `use_time` (the first such on ties)."""
-        owner = (
-            min(keys, key=lambda chain: use_time(chain, *keys[chain])) if len(keys) > 1 else next(iter(keys))
-        )
+        owner = _earliest(keys, use_time)
         entry = (*keys[owner], url)
         known = self._owner.get(url)
         if known is not None and known[0] is owner and known[1] == entry:

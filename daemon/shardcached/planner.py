@@ -104,7 +104,7 @@ class Planner:
         its cursor (a client re-registers after reconnecting); with other urls it replaces the plan.
         The whole plan is indexed before this returns (the daemon uses `begin_plan` and `index_more`).
         """
-        plan_id = self._registry.add_plan(job, slot, epoch, list(urls))
+        plan_id = self._registry.add_plan(job, slot, epoch, urls)
         self._index.settle()  # a replaced plan's resident shards too
         return plan_id
 

@@ -23,7 +23,7 @@ import math
 import statistics
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from shardcached.plans import Chain, Plan, Positions, index_plan, index_range, unindex_range
@@ -63,7 +63,7 @@ class PlanRegistry:
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
 
-    def add_plan(self, job: str, slot: int, epoch: int, urls: list[str]) -> str:
+    def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
         """`begin_plan`, the whole plan indexed and every dropped plan unindexed at once; the plan id."""
         plan, fresh = self.begin_plan(job, slot, epoch, list(urls))  # a copy: see begin_plan
         if fresh:
