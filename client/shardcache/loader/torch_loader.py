@@ -345,13 +345,8 @@ class TorchLoader:
         merge = MergeNode(launcher, self.num_workers)
         # Loader-side stages run in this process, inside the trainer's wait: timed apart from the workers'.
         clock = StageClock() if self.stages and stage_times_enabled() else None
-        node: Node = merge
-        if clock is None:
-            for stage in self.stages:
-                node = stage.node(node, ctx)
-        else:
-            node = clock.timed(merge, "workers", shown=False)
-            node = timed_stages(node, self.stages, ctx, clock, prefix=LOADER_PREFIX)
+        node: Node = merge if clock is None else clock.timed(merge, "workers", shown=False)
+        node = timed_stages(node, self.stages, ctx, clock, prefix=LOADER_PREFIX)
         if pending is not None:
             node.load_state_dict(state_of(pending, "pipeline"))
         start = next(iter(worker_states.values()), None)
@@ -376,9 +371,8 @@ class TorchLoader:
         ctx = own if isinstance(own, RuntimeContext) else RuntimeContext.from_runtime()
         drop_last = bool(self.loader_kwargs.get("drop_last", False))
         stream = PlainStream(iterable, self.batch_size, self.collate_fn, drop_last)
-        node: Node = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
-        for stage in self.stages:
-            node = stage.node(node, ctx)
+        plain = PlainNode(stream, self.num_workers, self._dataloader_kwargs())
+        node = timed_stages(plain, self.stages, ctx, None)
         iterator = PlainIterator(node, None)
         self._live.start(iterator, warn=True)
         return iterator

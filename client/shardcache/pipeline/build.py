@@ -25,8 +25,6 @@ def build(spec: PipelineSpec, ctx: RuntimeContext, clock: StageClock | None = No
         node = spec.source.node(ctx)
     else:
         node = spec.source_node(ctx)
-    if clock is None:
-        for stage in spec.stages:
-            node = stage.node(node, ctx)
-        return node
-    return timed_stages(clock.timed(node, READ), spec.stages, ctx, clock)
+    if clock is not None:
+        node = clock.timed(node, READ)
+    return timed_stages(node, spec.stages, ctx, clock)

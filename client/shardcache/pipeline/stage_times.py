@@ -157,9 +157,14 @@ def part_seconds(workers: StageTimes, loader: StageClock | None) -> dict[str, fl
 
 
 def timed_stages(
-    node: Node, stages: Sequence[Stage], ctx: RuntimeContext, clock: StageClock, prefix: str = ""
+    node: Node, stages: Sequence[Stage], ctx: RuntimeContext, clock: StageClock | None, prefix: str = ""
 ) -> Node:
-    """`stages` built on `node`, each behind a timed part named by its kind and position (with `prefix`)."""
+    """`stages` built on `node`, each behind a timed part named by its kind and position (with `prefix`);
+    untimed when `clock` is None."""
+    if clock is None:
+        for stage in stages:
+            node = stage.node(node, ctx)
+        return node
     for stage, name in zip(stages, stage_names(stages), strict=True):
         node = clock.timed(stage.node(node, ctx), prefix + name, prefix + stage_title(name, stage))
     return node
