@@ -7,9 +7,10 @@ reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.deal.
 
 Damaged data raises `CorruptShardError` naming the file and its footer or row groups. Under
 `on_error="skip"`, a file whose footer cannot be read is skipped whole; a chunk whose pages cannot be decoded
-(a damaged page: its header, compressed bytes or levels) is skipped from the batch that failed on, and the
-file's other chunks are still read: row groups are independent (each one's pages are found from the footer),
-so one damaged page says nothing about the rest of the file. Each skip is logged and counted once.
+(a damaged page header, compressed bytes or levels; strings that are not UTF-8) is skipped from the failing
+batch on, and the file's other chunks are still read: row groups are independent (each one's pages are
+found from the footer), so one damaged page says nothing about the rest of the file. Each skip is logged and
+counted once.
 """
 
 from __future__ import annotations
