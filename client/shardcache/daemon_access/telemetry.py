@@ -5,8 +5,9 @@ A `Telemetry` watches the trainer's iterator (`for batch in telemetry.watch(load
 corrupt-sample counts from `add_corrupt`; with `stages`, it also reports the seconds each pipeline part
 (read, each stage, collate: `shardcache.pipeline.stage_times`) took. A background thread sends the
 accumulated deltas to the daemon (`POST /v1/telemetry`) every `interval_s` seconds, so iteration never
-waits on the socket; when no daemon answers (or an older daemon lacks the route) the report is dropped
-silently and the next one carries only its own interval. An older daemon refuses the stage field (its
+waits on the socket; when no daemon answers, an older daemon lacks the route, or this process has no file
+descriptor left to reach the socket, the report is dropped silently (logged at debug level) and the next one
+carries only its own interval. An older daemon refuses the stage field (its
 requests forbid unknown fields): the report is then sent again without it, and this Telemetry stops
 sending it. The daemon exports the figures as `shardcache_client_*` metrics beside its hit ratio.
 
@@ -14,7 +15,9 @@ The last report is delivered before the interpreter exits: the reporting thread 
 must never keep a finished script alive), and a script that ends right after its loop would otherwise
 kill it with the last figures unsent (an epoch's worth when the iteration closed with `close(wait=False)`).
 An `atexit` hook, registered when the first thread starts, lets each live Telemetry finish its last
-report within `EXIT_FLUSH_S` for all of them together, so an absent or hung daemon never hangs the exit.
+report within `EXIT_FLUSH_S` for all of them together, so an absent or hung daemon never hangs the exit. A
+report that cannot be sent never raises there either: a script that dies of running out of descriptors
+ends with its own traceback and exit status, not a second traceback from this hook.
 
 Example:
     >>> with Telemetry(job="resnet50", slot=rank) as telemetry:  # doctest: +SKIP
@@ -37,7 +40,7 @@ from shardcache import forksafe
 from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.discovery import discover
 from shardcache.daemon_access.item_counts import count_items, one_per_item
-from shardcache.errors import DaemonUnavailable
+from shardcache.errors import DaemonUnavailable, OutOfFileDescriptors
 from shardcache.jobs import JOB_ENV, script_name
 from shardcache_protocol import API_PREFIX, MAX_REPORT_STAGES, TelemetryReport
 
@@ -213,7 +216,8 @@ class Telemetry:
         return grew
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Send what accumulated since the last report now; False when it was dropped (no daemon).
+        """Send what accumulated since the last report now; False when it was dropped (no daemon answers, or
+        no descriptor is left to reach it).
 
         `timeout`: seconds the request may take (default 2).
         """
@@ -233,7 +237,9 @@ class Telemetry:
                 self._stages = None
                 del body["stage_seconds"]
                 answer = self._control.request("POST", TELEMETRY_PATH, body, timeout=timeout)
-        except DaemonUnavailable as exc:
+        except (DaemonUnavailable, OutOfFileDescriptors) as exc:
+            # Out of descriptors, the trainer's own reads fail next and say so; a report is not worth a
+            # second error (or, at exit, a second traceback after the user's).
             logger.debug("telemetry for job %s slot %d dropped: %s", self.job, self.slot, exc)
             return False
         if answer.status >= 300:

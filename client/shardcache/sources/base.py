@@ -5,14 +5,15 @@ reads its units in an order fixed by (seed, epoch, round). Position = (epoch, ro
 order, index within the unit): the state a resume needs, with no sample data.
 
 Shards that cannot be read: by default the error propagates, naming the URL. `on_error="skip"` (tars, jsonl,
-parquet) instead skips the rest of a shard that is corrupt or truncated (`CorruptShardError`: a tar member, a
-jsonl line that is not JSON, a parquet footer or row group pyarrow refuses), whose remote object does not
-exist (`RemoteNotFound`; `ShardNotFound` when reading directly) or whose remote still failed after the
-daemon's retries (`RemoteFailed`; `RemoteAccessDenied` when reading directly without credentials). The types
-are the same through the daemon and directly. Each skip is logged once and counted in
-`skipped_shards` (surfaced as `PipelineIterator.skipped_shards`, `TorchLoader`'s iterator, and the
-telemetry's corrupt count). The tars source's older `on_corrupt="skip"` is the same mechanism limited to
-corrupt shards.
+parquet) instead skips the rest of the unit being read (a tar shard, a jsonl file's line range, a parquet
+chunk of row groups, whose file's other chunks are still read) when its shard is corrupt or truncated
+(`CorruptShardError`: a tar member, a jsonl line that is not JSON, a parquet row group's page pyarrow refuses;
+a parquet file whose footer is unreadable is skipped whole), its remote object does not exist
+(`RemoteNotFound`; `ShardNotFound` when reading directly) or its remote still failed after the daemon's
+retries (`RemoteFailed`; `RemoteAccessDenied` when reading directly without credentials). The types are the
+same through the daemon and directly. Each skip is logged once and counted in `skipped_shards` (surfaced as
+`PipelineIterator.skipped_shards`, `TorchLoader`'s iterator, and the telemetry's corrupt count). The tars
+source's older `on_corrupt="skip"` is the same mechanism limited to corrupt shards.
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ class SourceNode(Node):
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         """The samples of `unit` from index `start` on."""
         raise NotImplementedError
+
+    def part_of(self, unit: Unit) -> str:
+        """What part of its shard `unit` is, as the skip log names it ("" for the whole shard; parquet
+        names its row groups)."""
+        return ""
 
     def opened_urls(self, unit: Unit) -> list[str]:
         """The shard urls reading `unit` opens, in opening order (the tars source adds its sidecars)."""
@@ -321,8 +327,10 @@ class SourceNode(Node):
     def _skipped(self, unit: Unit, exc: Exception) -> None:
         self.skipped_shards += 1
         what = "corrupt shard" if isinstance(exc, CorruptShardError) else "unreadable shard"
+        part = self.part_of(unit)
         logger.warning(
-            "skipping the rest of %s %s (%s); %d shard(s) skipped so far",
+            "skipping the rest of %s%s %s (%s); %d shard(s) skipped so far",
+            f"{part} of " if part else "",
             what,
             unit.ref.url,
             exc,

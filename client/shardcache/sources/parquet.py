@@ -4,6 +4,13 @@ A unit is a chunk of `min_row_groups_per_chunk` consecutive row groups of one fi
 chunk holds what is left), as mvp-dataset 0.2.3 schedules them. When that gives fewer chunks than slots, every
 row group is its own chunk again, so no slot is left without work. `use_threads` is passed to pyarrow's
 reader; `shuffle_mode` ("chunk_aware", the default, or "none") is `sources.deal.schedule`'s.
+
+Damaged data raises `CorruptShardError` naming the file and its footer or row groups. Under
+`on_error="skip"`, a file whose footer cannot be read is skipped whole; a chunk whose pages cannot be decoded
+(a damaged page header, compressed bytes or levels; strings that are not UTF-8) is skipped from the failing
+batch on, and the file's other chunks are still read: row groups are independent (each one's pages are
+found from the footer), so one damaged page says nothing about the rest of the file. Each skip is logged and
+counted once.
 """
 
 from __future__ import annotations
@@ -48,13 +55,26 @@ def _pq() -> Any:  # pyarrow.parquet: pyarrow ships no type hints
 
 @contextlib.contextmanager
 def arrow_errors(url: str, member: str) -> Iterator[None]:
-    """pyarrow's errors reading `member` of the parquet file at `url` as CorruptShardError (naming both)."""
+    """pyarrow's errors reading `member` of the parquet file at `url` as CorruptShardError (naming both).
+
+    Strings that are not UTF-8 (`to_pylist` raises UnicodeDecodeError) are corrupt data too.
+    """
     import pyarrow as pa  # imported by `_pq()` already
 
     try:
         yield
-    except pa.ArrowException as exc:
-        raise CorruptShardError(url, f"{type(exc).__name__}: {exc}", member) from exc
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, OSError) and not _from_pyarrow(exc):
+            raise
+        detail = " ".join(str(exc).split())  # pyarrow's messages span lines; a log line should not
+        raise CorruptShardError(url, f"{type(exc).__name__}: {detail}", member) from exc
+
+
+def _from_pyarrow(exc: OSError) -> bool:
+    # A damaged page (its header, compressed data, levels) is a plain OSError without errno from pyarrow
+    # ("Couldn't deserialize thrift", "Corrupt snappy compressed data"). What the file object raised comes
+    # back as itself: an OS error with its errno, or OutOfFileDescriptors (a subclass), which stay theirs.
+    return type(exc) is OSError and exc.errno is None
 
 
 @dataclass(frozen=True)
@@ -132,6 +152,12 @@ class ParquetSource(SourceNode):
             )
         return units
 
+    def part_of(self, unit: Unit) -> str:
+        if not isinstance(unit, Chunk):
+            return ""  # a whole file: its footer could not be read (`units`)
+        last = unit.part + unit.row_groups - 1
+        return f"row groups {unit.part}-{last}" if last > unit.part else f"row group {unit.part}"
+
     def read(self, unit: Unit, plan: str | None, start: int) -> Iterator[Sample]:
         pq = _pq()
         columns = self.options.columns
@@ -139,8 +165,7 @@ class ParquetSource(SourceNode):
         stem = os.path.basename(url)
         index = unit.offset
         groups = unit.row_groups if isinstance(unit, Chunk) else 1
-        where = f"row groups {unit.part}-{unit.part + groups - 1}" if groups > 1 else f"row group {unit.part}"
-        with self.opener.open(unit.ref, plan) as f, arrow_errors(url, where):
+        with self.opener.open(unit.ref, plan) as f, arrow_errors(url, self.part_of(unit)):
             reader = pq.ParquetFile(f)
             batches = reader.iter_batches(
                 batch_size=self.options.batch_size,

@@ -1,4 +1,5 @@
-"""A process out of file descriptors is told so, not sent to restart a daemon that is fine."""
+"""A process out of file descriptors is told so, not sent to restart a daemon that is fine, and the
+telemetry adds no error of its own to the process's."""
 
 from __future__ import annotations
 
@@ -73,3 +74,66 @@ def test_iterators_abandoned_mid_shard_close_their_files(daemon_factory, local_s
     assert done.returncode == 0, done.stderr
     before, peak = map(int, done.stdout.split())
     assert peak - before <= 8, f"{peak - before} descriptors held at once by 600 abandoned iterators"
+
+
+LEAKING_TO_THE_END = textwrap.dedent(
+    """
+    import os, resource, sys
+    from shardcache import Dataset
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    ds = Dataset.from_source("tars", sys.argv[2:], daemon=sys.argv[1], job="out-of-descriptors")
+    it = iter(ds)
+    next(it)  # read through the daemon: the telemetry has figures left to report at exit
+    held = []
+    while True:
+        held.append(open(os.devnull))  # the script's own leak ends it
+    """
+)
+
+
+def test_a_script_dying_of_a_descriptor_leak_ends_with_its_own_error_alone(  # type: ignore[no-untyped-def]
+    daemon_factory, local_shards
+) -> None:
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)])
+    done = subprocess.run(
+        [sys.executable, "-c", LEAKING_TO_THE_END, daemon.socket, *local_shards.local_paths],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr  # an uncaught exception's status
+    assert done.stderr.count("Traceback") == 1, done.stderr  # none from the telemetry's flush at exit
+    assert done.stderr.rstrip().endswith("OSError: [Errno 24] Too many open files: '/dev/null'"), done.stderr
+
+
+FLUSHING_WITHOUT_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, sys
+    from shardcache import Telemetry
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    telemetry = Telemetry(job="no-descriptors", socket=sys.argv[1], interval_s=0)
+    list(telemetry.watch(range(3)))
+    held = []
+    try:
+        while True:
+            held.append(open(os.devnull))
+    except OSError:
+        pass
+    print("sent" if telemetry.flush() else "dropped")
+    """
+)
+
+
+def test_a_report_with_no_descriptor_left_to_send_it_is_dropped_not_raised(  # type: ignore[no-untyped-def]
+    daemon_factory, tmp_path: Path
+) -> None:
+    daemon = daemon_factory(allow=[str(tmp_path)])
+    done = subprocess.run(
+        [sys.executable, "-c", FLUSHING_WITHOUT_DESCRIPTORS, daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "dropped\n", done.stdout + done.stderr
+    assert done.stderr == ""
