@@ -31,10 +31,13 @@ def require_daemon_extra() -> None:
 
 
 _EPILOG = """\
-Precedence: flags, then SHARDCACHE_* environment variables (SHARDCACHE_CAPACITY, SHARDCACHE_ALLOW as a
-JSON list or comma-separated, ...), then the TOML file given by --config (keys as the long flags with
-underscores: cache_dir, capacity, allow = [...]). S3 endpoint, region and credentials come from the standard
-AWS environment and config (AWS_ENDPOINT_URL_S3, AWS_PROFILE, instance roles).
+Precedence, highest first: flags; SHARDCACHE_* environment variables (SHARDCACHE_CAPACITY, SHARDCACHE_ALLOW
+as a JSON list or comma-separated, ...); the TOML files given by --config (keys as the long flags with
+underscores: cache_dir, capacity, allow = [...]), the last one given first; the built-in defaults. The
+container image passes its defaults file as the first --config, so a config file mounted after it (a
+Kubernetes ConfigMap) overrides them. --print-config shows each effective value and where it came from.
+S3 endpoint, region and credentials come from the standard AWS environment and config
+(AWS_ENDPOINT_URL_S3, AWS_PROFILE, instance roles).
 
 Example:
   shardcached --cache-dir /nvme/shardcache --capacity 90% --allow s3://datasets/train --allow /data
@@ -54,8 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--version", action="version", version=f"shardcached {__version__}")
-    add("--config", metavar="FILE", help="TOML file with settings (lowest precedence)")
+    add(
+        "--config",
+        metavar="FILE",
+        action="append",
+        help="TOML file with settings, below flags and environment variables; repeatable: a later file "
+        "overrides an earlier one",
+    )
+    add(
+        "--print-config",
+        action="store_true",
+        help="print every effective setting and where it came from (flag, environment variable, file, "
+        "default) as a TOML file, then exit",
+    )
     add("--cache-dir", metavar="DIR", help=f"where shards are kept (default {PRODUCTION_CACHE_DIR})")
+    add(
+        "--require-mount",
+        metavar="PATH",
+        help="refuse to start unless a filesystem is mounted at PATH and the cache directory is on it "
+        "(the cache disk's mount point: a missing disk then stops the daemon instead of filling the root "
+        "filesystem)",
+    )
     add(
         "--capacity",
         metavar="SIZE",
@@ -132,24 +154,37 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardcached` console script."""
     require_daemon_extra()
-    from shardcached.config import load_settings
+    from shardcached.config import (
+        describe_sources,
+        gather_layers,
+        render_effective,
+        settings_from,
+        source_of,
+    )
 
     args: dict[str, Any] = vars(build_parser().parse_args(argv))
-    config_file = args.pop("config", None)
+    config_files = args.pop("config", [])
+    print_config = args.pop("print_config", False)
     try:
-        settings = load_settings(args, config_file)
+        layers = gather_layers(args, config_files)
+        settings = settings_from(layers)
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"])
+            source = source_of(str(error["loc"][0]), layers) if error["loc"] else "?"
             message = str(error["msg"]).removeprefix("Value error, ")
-            print(f"shardcached: invalid configuration: {where}: {message}", file=sys.stderr)
+            print(f"shardcached: invalid configuration: {where} (from {source}): {message}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as exc:
         print(f"shardcached: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if print_config:
+        print(render_effective(settings, layers), end="")
+        return 0
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("shardcached").info("settings: %s", describe_sources(settings, layers))
     import uvloop
 
     from shardcached.server import serve

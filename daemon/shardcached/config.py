@@ -1,20 +1,27 @@
-"""The daemon's one settings object: flags over `SHARDCACHE_*` environment over a TOML file.
+"""The daemon's one settings object, built once at start-up from layers, each over the next.
 
-Built once at start-up (`load_settings`) and passed down; nothing reads the environment later.
+Precedence, highest first: flags; `SHARDCACHE_*` environment variables; the TOML files given with
+`--config`, the last one first (so an image's defaults file, given first, is overridden by a mounted file
+given after it); the built-in defaults. `load_settings` builds the settings; `gather_layers` keeps each
+layer apart so that `shardcached --print-config` can say where every value came from. Nothing reads the
+environment after start-up.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
@@ -129,6 +136,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SHARDCACHE_", frozen=True, extra="forbid")
 
     cache_dir: Path = Field(default=Path(PRODUCTION_CACHE_DIR), description="where shards are kept")
+    require_mount: Path | None = Field(
+        default=None,
+        description="refuse to start unless a filesystem is mounted at this path and the cache directory "
+        "is on it (so a missing disk never lets the cache fill the root filesystem)",
+    )
     capacity: str = Field(default="90%", description="bytes (500GiB) or share of the cache filesystem (90%)")
     min_free: str = Field(
         default="5%",
@@ -196,6 +208,19 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("require_mount", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # `SHARDCACHE_REQUIRE_MOUNT=` in an environment file turns the guard off instead of naming ".".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("require_mount")
+    @classmethod
+    def _check_require_mount(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"--require-mount {value}: give the absolute path of the mount point")
+        return value
+
     @field_validator("capacity")
     @classmethod
     def _check_capacity(cls, value: str) -> str:
@@ -245,31 +270,115 @@ class Settings(BaseSettings):
         return parse_min_free(self.min_free, self.cache_dir)
 
 
-def load_settings(overrides: dict[str, Any] | None = None, config_file: str | Path | None = None) -> Settings:
-    """Settings from `overrides` (flags) over `SHARDCACHE_*` env over the TOML `config_file`.
+ENV_PREFIX = "SHARDCACHE_"
+DEFAULT_SOURCE = "default"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One source of settings: `source` names it for people (`flag`, `env`, `file PATH`)."""
+
+    source: str
+    values: Mapping[str, Any]
+
+    def describe(self, name: str) -> str:
+        """Where `name`'s value in this layer came from, as `--print-config` shows it."""
+        if self.source == "flag":
+            return f"flag --{name.replace('_', '-')}"
+        if self.source == "env":
+            return f"env {ENV_PREFIX}{name.upper()}"
+        return self.source
+
+
+def gather_layers(
+    overrides: Mapping[str, Any] | None = None, config_files: str | Path | Sequence[str | Path] | None = None
+) -> list[Layer]:
+    """The layers in precedence order, highest first: flags (`overrides`), env, then `config_files` from the
+    last given to the first.
+
+    Raises:
+        FileNotFoundError: a config file does not exist.
+        ValueError: a config file is not valid TOML (the message names the file).
+    """
+    if config_files is None:
+        files: list[str | Path] = []
+    elif isinstance(config_files, str | Path):
+        files = [config_files]
+    else:
+        files = list(config_files)
+    layers = [Layer("flag", dict(overrides or {})), Layer("env", EnvSettingsSource(Settings)())]
+    for path in reversed(files):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            values = TomlConfigSettingsSource(Settings, toml_file=path)()
+        except ValueError as exc:  # tomllib.TOMLDecodeError
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from exc
+        layers.append(Layer(f"file {path}", values))
+    return layers
+
+
+def settings_from(layers: Sequence[Layer]) -> Settings:
+    """The settings the layers make, each value taken from the highest layer that has it.
+
+    Raises:
+        pydantic.ValidationError: a value is invalid or a key unknown (the message names the setting).
+    """
+    merged: dict[str, Any] = {}
+    for layer in reversed(layers):
+        merged.update(layer.values)
+    # model_validate, not the constructor: BaseSettings' constructor would read the environment again.
+    return Settings.model_validate(merged)
+
+
+def source_of(name: str, layers: Sequence[Layer]) -> str:
+    """Where the effective value of setting `name` comes from: a layer's description, or `default`."""
+    for layer in layers:
+        if name in layer.values:
+            return layer.describe(name)
+    return DEFAULT_SOURCE
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, config_file: str | Path | Sequence[str | Path] | None = None
+) -> Settings:
+    """Settings from `overrides` (flags) over `SHARDCACHE_*` env over the TOML file(s), last file first.
 
     Raises:
         pydantic.ValidationError: a value is invalid (the message names the field).
-        FileNotFoundError: `config_file` does not exist.
+        FileNotFoundError: a config file does not exist.
+        ValueError: a config file is not valid TOML.
     """
-    if config_file is not None and not Path(config_file).is_file():
-        raise FileNotFoundError(f"config file {config_file} does not exist")
-    toml_file = config_file
+    return settings_from(gather_layers(overrides, config_file))
 
-    class _Layered(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-            if toml_file is not None:
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-            return tuple(sources)
 
-    layered = _Layered(**(overrides or {}))
-    return Settings.model_validate(layered.model_dump())
+def render_effective(settings: Settings, layers: Sequence[Layer]) -> str:
+    """Every effective setting as a TOML line with its source in a comment (`shardcached --print-config`).
+
+    The output is itself a valid config file. Values are written with `json.dumps`: for the strings,
+    numbers and string lists the settings hold, JSON's notation is TOML's, and the standard library has a
+    TOML reader but no writer.
+    """
+    lines = [
+        "# shardcached effective settings; precedence, highest first: flags, SHARDCACHE_* environment",
+        "# variables, --config files (the last given first), defaults",
+    ]
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        source = source_of(name, layers)
+        if value is None:
+            lines.append(f"# {name} is not set  # {source}")
+            continue
+        text = json.dumps([str(v) for v in value] if isinstance(value, list) else value, default=str)
+        lines.append(f"{name} = {text}  # {source}")
+    return "\n".join(lines) + "\n"
+
+
+def describe_sources(settings: Settings, layers: Sequence[Layer]) -> str:
+    """One line for the start-up log: every setting not at its default, with its value and source."""
+    shown = [
+        f"{name}={getattr(settings, name)} ({source})"
+        for name in Settings.model_fields
+        if (source := source_of(name, layers)) != DEFAULT_SOURCE
+    ]
+    return ", ".join(shown) or "all defaults"

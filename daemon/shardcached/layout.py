@@ -45,6 +45,16 @@ class Entry:
     def meta_path(self) -> Path:
         return self.path.with_name(self.key + META_SUFFIX)
 
+    def meta_record(self) -> dict[str, object]:
+        """What `<key>.meta.json` holds: all recovery needs to index the shard again (recovery.py)."""
+        return {
+            "url": self.url,
+            "version": self.version,
+            "size": self.size,
+            "checksum": self.checksum,
+            "file": self.path.name,
+        }
+
     def unlink_files(self) -> None:
         """Remove the shard's meta and data files (those already gone are skipped)."""
         # Meta first: a crash between the two leaves a data file without meta, which recovery removes.

@@ -3,8 +3,9 @@
 The Unix socket is created here, not by uvicorn (which leaves new sockets 0o666): it is bound under a
 umask that grants nothing to other users and chmod-ed 0o660, so only the daemon's user and group can
 connect. SIGTERM/SIGINT stop both listeners, tell downloads to stop (they remove their temp files), wait
-for them, remove the socket and return 0. The cache directory is locked first (dirlock.py): a second
-daemon on the same directory exits with status 1, naming the directory and the holder's pid.
+for them, remove the socket and return 0. With `--require-mount`, the cache directory must first be on that
+filesystem (mounts.py). The cache directory is locked next (dirlock.py): a second daemon on the same
+directory exits with status 1, naming the directory and the holder's pid.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
 from shardcached.dirlock import CacheDirLock
+from shardcached.mounts import check_required_mount
 from shardcached.planner import Planner
 from shardcached.store import Store
 
@@ -110,8 +112,19 @@ async def serve(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status.
 
     Raises:
-        RuntimeError: the cache directory is locked by another daemon, or the socket is taken.
+        RuntimeError: the cache directory is not on the `--require-mount` filesystem, is locked by another
+            daemon, or the socket is taken.
     """
+    if settings.require_mount is not None:
+        # Before the lock, which creates the cache directory: on a missing disk not even that is written.
+        mount = check_required_mount(settings.cache_dir, settings.require_mount)
+        logger.info(
+            "cache directory %s is on %s (%s) mounted at %s",
+            settings.cache_dir,
+            mount.source,
+            mount.fs_type,
+            mount.mount_point,
+        )
     lock = CacheDirLock(settings.cache_dir)
     lock.acquire()
     try:

@@ -195,16 +195,9 @@ class Store:
 
     def write_meta(self, entry: Entry) -> None:
         """Atomically (re)write the entry's metadata, e.g. once its checksum is verified (blocking)."""
-        meta = {
-            "url": entry.url,
-            "version": entry.version,
-            "size": entry.size,
-            "checksum": entry.checksum,
-            "file": entry.path.name,
-        }
         meta_tmp = self.temp_path(entry.key + "m")
         with open(meta_tmp, "w") as out:
-            json.dump(meta, out)
+            json.dump(entry.meta_record(), out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(meta_tmp, entry.meta_path)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
+from pathlib import Path
+from typing import Any
 
 from tests.deploy.deploy_files import DOCS, REPO, dockerfile_instructions
 
@@ -24,8 +27,15 @@ def _args(stage: list[tuple[str, str]], name: str) -> list[str]:
     return [args for instruction, args in stage if instruction == name]
 
 
-def _env(stage: list[tuple[str, str]]) -> dict[str, str]:
-    return dict(re.findall(r"(\w+)=(\S+)", " ".join(_args(stage, "ENV"))))
+def _image_defaults() -> dict[str, Any]:
+    """The settings of the defaults file the entrypoint passes as its first --config, read from the repo."""
+    stage = _final_stage()
+    (entrypoint,) = _args(stage, "ENTRYPOINT")
+    in_image = json.loads(entrypoint)[2]
+    copies = {
+        dest: source for source, dest in (args.split() for args in _args(stage, "COPY") if "--" not in args)
+    }
+    return tomllib.loads((REPO / copies[in_image]).read_text())
 
 
 def test_every_stage_is_python_311_slim() -> None:
@@ -47,7 +57,7 @@ def test_installs_only_the_daemon_extras() -> None:
 def test_healthcheck_asks_health_on_the_metrics_port() -> None:
     stage = _final_stage()
     (healthcheck,) = _args(stage, "HEALTHCHECK")
-    port = _env(stage)["SHARDCACHE_METRICS_ADDR"].rpartition(":")[2]
+    port = _image_defaults()["metrics_addr"].rpartition(":")[2]
     assert f"127.0.0.1:{port}/v1/health" in healthcheck
     assert _args(stage, "EXPOSE") == [port]
 
@@ -56,14 +66,25 @@ def test_socket_directory_and_cache_are_volumes_matching_the_settings() -> None:
     stage = _final_stage()
     (volume,) = _args(stage, "VOLUME")
     volumes = set(json.loads(volume))
-    env = _env(stage)
-    assert env["SHARDCACHE_SOCKET"].rpartition("/")[0] in volumes
-    assert env["SHARDCACHE_CACHE_DIR"] in volumes
+    defaults = _image_defaults()
+    assert defaults["socket"].rpartition("/")[0] in volumes
+    assert defaults["cache_dir"] in volumes
 
 
-def test_entrypoint_is_the_daemon() -> None:
+def test_entrypoint_is_the_daemon_over_the_images_defaults_file() -> None:
     (entrypoint,) = _args(_final_stage(), "ENTRYPOINT")
-    assert json.loads(entrypoint) == ["shardcached"]
+    assert json.loads(entrypoint)[:2] == ["shardcached", "--config"]
+    assert len(json.loads(entrypoint)) == 3
+
+
+def test_the_defaults_file_is_in_the_build_context_and_outside_the_mounted_config_directory() -> None:
+    (entrypoint,) = _args(_final_stage(), "ENTRYPOINT")
+    in_image = Path(json.loads(entrypoint)[2])
+    # /etc/shardcache is where a ConfigMap or the host's file is mounted, hiding what the image put there.
+    assert Path("/etc/shardcache") not in in_image.parents
+    patterns = (REPO / ".dockerignore").read_text().splitlines()
+    (source,) = [args.split()[0] for args in _args(_final_stage(), "COPY") if args.endswith(str(in_image))]
+    assert f"!{source}" in patterns
 
 
 def test_dockerignore_keeps_the_virtualenv_and_git_out() -> None:

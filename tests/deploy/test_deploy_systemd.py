@@ -70,14 +70,14 @@ def test_socket_directory_lets_group_members_in_and_nobody_else() -> None:
     unit = unit_directives(UNIT)
     assert _one(unit, "RuntimeDirectory") == "shardcache"
     assert _one(unit, "RuntimeDirectoryMode") == "0750"
-    assert "--socket /run/shardcache/shardcache.sock" in _one(unit, "ExecStart")
+    assert "SHARDCACHE_SOCKET=/run/shardcache/shardcache.sock" in unit["Service.Environment"]
 
 
 def test_cache_directory_is_writable_under_strict_protection() -> None:
     unit = unit_directives(UNIT)
     assert _one(unit, "ProtectSystem") == "strict"
     assert _one(unit, "CacheDirectory") == "shardcache"
-    assert "--cache-dir /var/cache/shardcache" in _one(unit, "ExecStart")
+    assert "SHARDCACHE_CACHE_DIR=/var/cache/shardcache" in unit["Service.Environment"]
 
 
 def test_unit_is_hardened() -> None:
@@ -117,3 +117,13 @@ def test_environment_file_sets_capacity_and_an_allow_list() -> None:
     assert values["SHARDCACHE_CAPACITY"]
     assert "--allow " in values["SHARDCACHED_ARGS"]
     assert values["SHARDCACHE_METRICS_ADDR"].startswith("127.0.0.1:")
+
+
+def test_environment_file_requires_the_cache_disk_the_unit_requires() -> None:
+    values = dict(
+        line.split("=", 1)
+        for line in ENV_FILE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    (mount,) = unit_directives(UNIT)["Unit.RequiresMountsFor"]
+    assert values["SHARDCACHE_REQUIRE_MOUNT"] == mount
