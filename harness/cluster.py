@@ -3,14 +3,17 @@ port), and ranks as processes reading through their node's daemon.
 
 Used by tests/cluster/ and bench/bench_cluster_daemons.py: `upload_cluster_data` (tar shards of
 unequal sizes in a fresh bucket, with their sizes and sample keys), `NodeSet` (per-node daemons, started in
-parallel, stopped together) and `rank_process_context` (what rank processes start from).
+parallel, stopped together), `rank_process_context` (what rank processes start from) and `on_host` (a
+command on a simulated node of its own host name, for launches whose ranks learn their node from it).
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,3 +133,22 @@ def rank_process_context(method: str = DEFAULT) -> Any:
     already imported shardcache and talked to daemons. The cluster tests run only this one: each takes
     about 10 s, and the start methods are covered by the loader tests (harness/start_methods.py)."""
     return process_context(method)
+
+
+def hosts_unavailable() -> str | None:
+    """Why `on_host` cannot run here (no `unshare`, or no right to make a UTS namespace), else None."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "unshare (util-linux) is not installed"
+    probe = subprocess.run([unshare, "--uts", "hostname", "probe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a UTS namespace (root needed): {probe.stderr.strip()}"
+    return None
+
+
+def on_host(name: str, command: Sequence[str]) -> list[str]:
+    """`command` in a UTS namespace of its own whose host name is `name`: a simulated node, as the ranks
+    that exchange their hosts see it (the processes it starts share the namespace, as a node's ranks share
+    its host). Needs root (see `hosts_unavailable`)."""
+    unshare = shutil.which("unshare") or "unshare"
+    return [unshare, "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', name, *command]
