@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ import httpx
 from harness.devservers import Daemon, start_daemon
 from harness.start_methods import DEFAULT, process_context
 from shardcache.shards import ShardRef
+from shardcache.sources.deal.partition import owners, weights_of
 
 SHARDS = 48
 
@@ -47,6 +49,19 @@ class ClusterData:
     @property
     def prefix(self) -> str:
         return f"s3://{self.bucket}/"
+
+    def node_shares(self, nodes: int) -> list[set[str]]:
+        """Each node's shard URLs under node placement (balanced by bytes: the refs carry sizes)."""
+        weights = weights_of([None] * len(self.refs), [ref.size for ref in self.refs])
+        owner = owners(weights, nodes, 0)
+        return [{ref.url for ref, o in zip(self.refs, owner, strict=True) if o == k} for k in range(nodes)]
+
+    def share_bytes(self, share: set[str]) -> int:
+        return sum(ref.size or 0 for ref in self.refs if ref.url in share)
+
+    def capacities(self, nodes: int, headroom: float = 1.15) -> list[int]:
+        """Each node's daemon capacity: `headroom` x its share of the dataset's bytes."""
+        return [int(headroom * self.share_bytes(share)) for share in self.node_shares(nodes)]
 
 
 def upload_cluster_data(
@@ -89,6 +104,20 @@ class Node:
     def stop(self) -> None:
         self.http.close()
         self.daemon.stop()
+
+
+def egress(nodes: list[Node]) -> int:
+    """The bytes every node's daemon fetched from the remote so far."""
+    return sum(int(node.stats()["bytes_fetched"]) for node in nodes)
+
+
+def settled_egress(nodes: list[Node], deadline_s: float = 60.0) -> int:
+    """`egress` once no daemon has a fetch in flight (a prefetch finishing after its readers left), polled
+    until `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while any(node.stats()["fetches_in_flight"] for node in nodes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return egress(nodes)
 
 
 class NodeSet:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,9 @@ def wait_s() -> float:
 # Each process group this process exchanged hosts in, with the outcome: the group object itself is kept
 # (not its id, which a later group could reuse), and the list stays as short as the groups a job makes.
 _SEEN: list[tuple[object, GroupLayout]] = []
+# One exchange at a time in a process (a loader's threads may resolve contexts at once). Only the trainer's
+# process takes it: a forked DataLoader worker reads `_SEEN` and never exchanges.
+_EXCHANGING = threading.Lock()
 
 
 def known_layout(dist: ModuleType) -> GroupLayout | None:
@@ -123,12 +127,13 @@ def group_layout(dist: ModuleType) -> GroupLayout:
 
     Only in a process that owns its process group (the trainer's, never a forked DataLoader worker).
     """
-    known = known_layout(dist)
-    if known is not None:
-        return known
-    outcome = _exchange(dist)
-    _SEEN.append((dist.group.WORLD, outcome))
-    return outcome
+    with _EXCHANGING:
+        known = known_layout(dist)
+        if known is not None:
+            return known
+        outcome = _exchange(dist)
+        _SEEN.append((dist.group.WORLD, outcome))
+        return outcome
 
 
 def _exchange(dist: ModuleType) -> GroupLayout:
