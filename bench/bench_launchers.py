@@ -10,8 +10,13 @@ through its node's daemon (`harness.launches`; Lightning's nodes each in a UTS n
 root is needed for it). Egress = bytes all daemons fetched / the dataset's bytes, over all epochs. The
 layout column is what the ranks' contexts resolved (nodes x ranks per node).
 
+`--before DIR` also runs every job with placement="auto" on the client of another checkout (its `client/`
+first on the ranks' PYTHONPATH; the daemons stay this checkout's), e.g. the commit before this change:
+
     .venv/bin/python -m bench.bench_launchers              # 48 shards, 3 epochs, every launcher
     .venv/bin/python -m bench.bench_launchers --quick      # a smoke run (torchrun and srun, 2 epochs)
+    mkdir /tmp/before && git archive <commit> client | tar -x -C /tmp/before
+    .venv/bin/python -m bench.bench_launchers --before /tmp/before
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ def run(
     capacities: list[int],
     prefix: str,
     epochs: int,
+    client: Path | None = None,
 ) -> tuple[float, str, float]:
     """(egress / dataset, layout seen, seconds) of one launch on fresh daemons."""
     launcher, extra = JOBS[job]
@@ -61,6 +67,9 @@ def run(
         args = ["--manifest", str(manifest), "--out", str(root / "reports"), "--epochs", str(epochs)]
         args += ["--placement", placement, *extra]
         processes = LAUNCHERS[launcher]([n.socket for n in nodes], 2, args)
+        if client is not None:
+            for process in processes:
+                process.env["PYTHONPATH"] = f"{client / 'client'}{os.pathsep}{process.env['PYTHONPATH']}"
         for process, (code, output) in zip(processes, run_processes(processes, DEADLINE_S), strict=True):
             if code != 0:
                 raise RuntimeError(f"{process.name} exited {code}:\n{output[-4000:]}")
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not figures to quote")
+    parser.add_argument("--before", type=Path, default=None, help="a checkout whose client to run as well")
     args = parser.parse_args(argv)
     if args.quick:
         args.shards, args.epochs, args.jobs = 16, 2, ["torchrun", "srun"]
@@ -104,27 +114,36 @@ def main(argv: list[str] | None = None) -> None:
                 "a node's share",
                 flush=True,
             )
-            print(f"{'job':<12}{'placement':<11}{'layout seen':<14}{'egress':>9}{'time':>8}", flush=True)
+            print(f"{'job':<12}{'placement':<14}{'layout seen':<14}{'egress':>9}{'time':>8}", flush=True)
             results: dict[tuple[str, str], float] = {}
+            runs = [
+                ("global", None),
+                *([("before", args.before.resolve())] if args.before else []),
+                ("auto", None),
+            ]
             for job in args.jobs:
-                for placement in ("global", "auto"):
+                for label, client in runs:
+                    placement = "global" if label == "global" else "auto"
                     ratio, seen, seconds = run(
                         job,
                         placement,
-                        root / f"{job}-{placement}".replace("+", "_"),
+                        root / f"{job}-{label}".replace("+", "_"),
                         data.refs,
                         data.capacities(2),
                         data.prefix,
                         args.epochs,
+                        client,
                     )
-                    results[job, placement] = ratio
-                    print(f"{job:<12}{placement:<11}{seen:<14}{ratio:>8.3f}x{seconds:>7.0f}s", flush=True)
+                    results[job, label] = ratio
+                    shown = "auto (before)" if label == "before" else placement
+                    print(f"{job:<12}{shown:<14}{seen:<14}{ratio:>8.3f}x{seconds:>7.0f}s", flush=True)
             print("\nS3 egress over the epochs / dataset, placement='auto' (node) against 'global' (before)")
             for job in args.jobs:
-                auto, before = results[job, "auto"], results[job, "global"]
+                auto, spread = results[job, "auto"], results[job, "global"]
                 verdict = "met" if auto <= 1.05 else "MISSED"
+                before = f", before {results[job, 'before']:.3f}x" if args.before else ""
                 print(
-                    f"  {job:<12} {auto:.3f}x  (global {before:.3f}x, {auto / before:.2f}x)  "
+                    f"  {job:<12} {auto:.3f}x  (global {spread:.3f}x: {auto / spread:.2f}x{before})  "
                     f"<= 1.05x: {verdict}"
                 )
     finally:

@@ -50,11 +50,13 @@ WARNINGS = Warnings()
 
 
 def rank_and_world(env: Mapping[str, str]) -> tuple[int, int]:
-    """Rank and world size from the closest launcher that names them (0 of 1 without any)."""
-    for launch in launches(env):
+    """Rank and world size from the closest launcher that names both; else rank 0 of the closest world
+    size given (Lightning's WORLD_SIZE: its process group has the rank); else 0 of 1."""
+    found = launches(env)
+    for launch in found:
         if launch.rank is not None and launch.world_size is not None:
             return launch.rank, launch.world_size
-    return 0, 1
+    return 0, next((launch.world_size for launch in found if launch.world_size is not None), 1)
 
 
 def node_layout(

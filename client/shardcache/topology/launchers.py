@@ -143,10 +143,10 @@ def torchrun(env: Mapping[str, str]) -> Launch | None:
 def _rank_and_world(env: Mapping[str, str]) -> Launch | None:
     """`RANK`/`WORLD_SIZE` without `LOCAL_WORLD_SIZE`: set by hand, or by Lightning's launcher (which sets
     `WORLD_SIZE`, `NODE_RANK` and `LOCAL_RANK`, and leaves the rank to the process group it creates)."""
-    if integer(env, "RANK") is None and integer(env, "WORLD_SIZE") is None:
+    rank, world_size = integer(env, "RANK"), integer(env, "WORLD_SIZE")
+    if rank is None and world_size is None:
         return None
-    rank = integer(env, "RANK") or 0
-    world_size = integer(env, "WORLD_SIZE") or 1
+    world_size = 1 if world_size is None else world_size  # RANK alone: out of range, refused as such
     if integer(env, "NODE_RANK") is not None:
         hint = (
             "Lightning's launcher (NODE_RANK, LOCAL_RANK, WORLD_SIZE) does not say how many ranks each node "

@@ -194,6 +194,10 @@ def test_rank_and_world_set_by_hand_take_the_layout_from_srun_when_it_describes_
     assert where({**SRUN, "RANK": "4", "WORLD_SIZE": "6"}) == (4, 6, 0, 2, 2, 3)
 
 
+def test_a_world_size_set_by_hand_without_a_rank_takes_the_rank_from_srun() -> None:
+    assert where({**SRUN, "WORLD_SIZE": "6"}) == (4, 6, 0, 2, 2, 3)
+
+
 def test_a_launcher_describing_another_rank_or_world_is_not_read_for_the_layout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
