@@ -22,6 +22,7 @@ first on the ranks' PYTHONPATH; the daemons stay this checkout's), e.g. the comm
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -32,7 +33,7 @@ import boto3
 
 from harness.cluster import NodeSet, hosts_unavailable, settled_egress, upload_cluster_data
 from harness.devservers import start_s3_server
-from harness.launches import LAUNCHERS, rank_reports, run_processes, write_manifest
+from harness.launches import LAUNCHERS, run_processes, write_manifest
 from harness.shards import make_tar_shard
 from shardcache.shards import ShardRef
 
@@ -75,8 +76,12 @@ def run(
                 raise RuntimeError(f"{process.name} exited {code}:\n{output[-4000:]}")
         total = sum(ref.size or 0 for ref in refs)
         ratio = settled_egress(nodes) / total
-        layouts = {tuple(r["layout"][3:6:2]) for r in rank_reports(root / "reports", 2 * len(nodes))}
-        seen = ", ".join(f"{nodes_} x {per}" for per, nodes_ in sorted(layouts))
+        # Every rank's nodes x ranks per node; a client that took each srun task for rank 0 of 1 shows
+        # "1 x 1" (each task wrote the one report in turn).
+        reports = [json.loads(path.read_text()) for path in (root / "reports").glob("rank*.json")]
+        seen = ", ".join(
+            f"{n} x {per}" for n, per in sorted({(r["layout"][5], r["layout"][3]) for r in reports})
+        )
         return ratio, seen, time.monotonic() - started
     finally:
         nodeset.stop()
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                     results[job, label] = ratio
                     shown = "auto (before)" if label == "before" else placement
                     print(f"{job:<12}{shown:<14}{seen:<14}{ratio:>8.3f}x{seconds:>7.0f}s", flush=True)
-            print("\nS3 egress over the epochs / dataset, placement='auto' (node) against 'global' (before)")
+            print("\nS3 egress over the epochs / dataset: placement='auto' against 'global' (and --before's)")
             for job in args.jobs:
                 auto, spread = results[job, "auto"], results[job, "global"]
                 verdict = "met" if auto <= 1.05 else "MISSED"

@@ -145,14 +145,18 @@ def run_processes(processes: Sequence[Process], deadline_s: float) -> list[tuple
     ]
     deadline = time.monotonic() + deadline_s
     results = []
-    for proc, out in zip(running, outputs, strict=True):
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+    try:
+        for proc, out in zip(running, outputs, strict=True):
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop_process(proc)
+            out.seek(0)
+            results.append((proc.returncode, out.read().decode(errors="replace")))
+    finally:  # interrupted, or one hung: none is left running
+        for proc, out in zip(running, outputs, strict=True):
             stop_process(proc)
-        out.seek(0)
-        results.append((proc.returncode, out.read().decode(errors="replace")))
-        out.close()
+            out.close()
     return results
 
 
