@@ -23,6 +23,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_lance_filter_index", [], ["--rows", "200000", "--ref-rows", "50000", "--repeats", "1"]),
     ("bench.bench_cluster", [], ["--quick"]),
     ("bench.bench_cluster_daemons", [], ["--quick"]),
+    ("bench.bench_launchers", [], ["--quick"]),
     ("bench.bench_disk_full", [], ["--repeats", "1"]),
     ("bench.bench_loader", [], ["--quick"]),
     ("bench.bench_scale_evict", [], ["--sizes", "1000", "10000", "--decisions", "20"]),

@@ -82,7 +82,9 @@ names the job in plans and telemetry (default: the script's name and a hash of t
 `SHARDCACHE_RESTART_WAIT_S` is how long a trainer waits for a restarting daemon (default 30 s; see
 deploy.md, "Restarts and upgrades"). `SHARDCACHE_STALL_WARNING_S` is how long a TorchLoader waits for an item
 before it logs which DataLoader worker it waits for and where every worker is (default 300 s, 0 turns it
-off; see troubleshooting.md, "A loader that stalls").
+off; see troubleshooting.md, "A loader that stalls"). `SHARDCACHE_LAYOUT_WAIT_S` is how long a rank waits
+for the other ranks of its process group to give their hosts, when no launcher variable says which ranks
+share a node (default 60 s; see cluster.md, "Launchers").
 
 ### Trainer-side variables of the pipeline, and mvp-dataset's aliases
 

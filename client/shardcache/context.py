@@ -3,14 +3,15 @@
 `RuntimeContext.slot` / `total_slots` decide which shards a reader gets. With a `DataLoadMesh` the slot
 comes from the data-parallel rank only, so tensor-parallel co-members read identical data.
 
-Nodes: `local_world_size` ranks share a node (torchrun's LOCAL_WORLD_SIZE), `num_nodes` =
-world_size // local_world_size of them; rank r runs on node `node_rank` (r // local_world_size unless
-given, as torchrun numbers ranks). Node placement (`sources.deal.partition`) gives each node a fixed
-share of the data so its daemon's cache keeps serving it; it groups data-parallel ranks, not global ranks:
-the data "node groups" are gcd(num_nodes, dp_size) contiguous blocks of dp ranks. With the usual mesh
-(dp outer, tensor/pipeline parallel inside a node) that is exactly one group per node. When a
-model-parallel group spans nodes, several nodes serve one data-parallel rank: they form one group, read the
-same shards and each caches them (its daemon still keeps them across epochs).
+Nodes: `local_world_size` ranks share a node, `num_nodes` = world_size // local_world_size of them; rank r
+runs on node `node_rank` (r // local_world_size unless given, as torchrun numbers ranks); `from_runtime`
+learns them from the launcher's variables or the process group's hosts (`shardcache.topology`). Node
+placement (`sources.deal.partition`) gives each node a fixed share of the data so its daemon's cache keeps
+serving it; it groups data-parallel ranks, not global ranks: the data "node groups" are gcd(num_nodes,
+dp_size) contiguous blocks of dp ranks. With the usual mesh (dp outer, tensor/pipeline parallel inside a
+node) that is exactly one group per node. When a model-parallel group spans nodes, several nodes serve one
+data-parallel rank: they form one group, read the same shards and each caches them (its daemon still keeps
+them across epochs).
 """
 
 from __future__ import annotations
@@ -26,21 +27,13 @@ from typing import Any
 
 from shardcache.errors import ConfigError
 from shardcache.mesh import DataLoadMesh
+from shardcache.topology import node_layout, rank_and_world
+from shardcache.topology.launchers import integer
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from exc
-
-
-def _env_optional_int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    return None if raw is None or raw == "" else _env_int(env, name, 0)
+    value = integer(env, name)
+    return default if value is None else value
 
 
 def _torch_worker_info() -> tuple[int, int] | None:
@@ -69,11 +62,6 @@ def torch_distributed() -> ModuleType | None:
 def in_main_process() -> bool:
     """False inside a torch DataLoader worker."""
     return _torch_worker_info() is None
-
-
-def _torch_dist_rank() -> tuple[int, int] | None:
-    dist = torch_distributed()
-    return None if dist is None else (int(dist.get_rank()), int(dist.get_world_size()))
 
 
 _INT_FIELDS = (
@@ -319,10 +307,13 @@ class RuntimeContext:
     ) -> RuntimeContext:
         """A context from torch.distributed and DataLoader worker info, else the launcher's environment.
 
-        Variables (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, WORKER,
-        NUM_WORKERS. num_nodes is WORLD_SIZE // LOCAL_WORLD_SIZE; LOCAL_RANK and NODE_RANK default to
-        rank % LOCAL_WORLD_SIZE and rank // LOCAL_WORLD_SIZE. Without LOCAL_WORLD_SIZE, or when it does not
-        divide the world size, the job counts as one node (LOCAL_RANK and NODE_RANK are then not used).
+        Rank and world size: the process group's, else the launcher's (RANK and WORLD_SIZE, else Open MPI's
+        OMPI_COMM_WORLD_RANK/_SIZE, else Slurm's SLURM_PROCID/SLURM_STEP_NUM_TASKS in an `srun` step).
+        Workers: the DataLoader worker running this code, else WORKER and NUM_WORKERS. The node layout: the
+        closest launcher's variables that describe this rank (torchrun's LOCAL_WORLD_SIZE, LOCAL_RANK,
+        GROUP_RANK or NODE_RANK; Open MPI's; Slurm's tasks per node), else the hosts of the process group's
+        ranks, exchanged once per group; else one node, with one warning per process naming what to set
+        (`shardcache.topology`, docs/cluster.md "Launchers").
 
         Args:
             base: Inherit seed, epoch and mesh from this context.
@@ -334,7 +325,8 @@ class RuntimeContext:
             dp_dims: Data-parallel dimension names of `device_mesh`.
 
         Raises:
-            ConfigError: a variable that is not an integer or out of range (named in the message).
+            ConfigError: a variable that is not an integer or out of range (named in the message), or
+                `SHARDCACHE_LAYOUT_WAIT_S` that is not a positive number of seconds.
         """
         if mesh is not None and (device_mesh is not None or dp_dims is not None):
             raise ConfigError(
@@ -349,31 +341,22 @@ class RuntimeContext:
             seed, epoch = base.seed, base.epoch
             mesh = mesh if mesh is not None else base.mesh
         source = os.environ if env is None else env
-        rank = _env_int(source, "RANK", 0)
-        world_size = _env_int(source, "WORLD_SIZE", 1)
+        rank, world_size = rank_and_world(source)
         worker_id = _env_int(source, "WORKER", 0)
         num_workers = _env_int(source, "NUM_WORKERS", 1)
-        if prefer_torch:
-            dist = _torch_dist_rank()
-            if dist is not None:
-                rank, world_size = dist
-            info = _torch_worker_info()
-            if info is not None:
-                worker_id, num_workers = info
-        local_world_size: int | None = _env_int(source, "LOCAL_WORLD_SIZE", 0) or None
-        local_rank: int | None = None
-        node_rank: int | None = None
-        if local_world_size is not None and (local_world_size < 1 or world_size % local_world_size):
-            local_world_size = None  # an inconsistent environment: treat the job as one node
-        if local_world_size is not None:
-            local_rank = _env_optional_int(source, "LOCAL_RANK")
-            node_rank = _env_optional_int(source, "NODE_RANK")
+        dist = torch_distributed() if prefer_torch else None
+        if dist is not None:
+            rank, world_size = int(dist.get_rank()), int(dist.get_world_size())
+        info = _torch_worker_info() if prefer_torch else None
+        if info is not None:
+            worker_id, num_workers = info
+        layout = node_layout(source, rank, world_size, dist, owns_group=in_main_process())
         return cls(
             rank=rank,
             world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_rank=node_rank,
+            local_rank=None if layout is None else layout.local_rank,
+            local_world_size=None if layout is None else layout.local_world_size,
+            node_rank=None if layout is None else layout.node_rank,
             worker_id=worker_id,
             num_workers=num_workers,
             epoch=epoch,

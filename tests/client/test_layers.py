@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "shardcache.mesh",
             "shardcache.node",
             "shardcache.shards",
+            "shardcache.topology",
             "shardcache_protocol",
         ),
     ),

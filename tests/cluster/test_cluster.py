@@ -10,21 +10,17 @@ and (from 2) on 4 nodes with nothing lost or read twice.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.cluster import ClusterData, Node, NodeSet, rank_process_context, upload_cluster_data
+from harness.cluster import ClusterData, Node, NodeSet, egress, rank_process_context
 from harness.cluster_ranks import Rank, read_part, read_rest, run_cluster
-from harness.shards import make_tar_shard
 from shardcache import merge_states
-from shardcache.sources.deal.partition import owners, weights_of
 
 PER_NODE = 2
 EPOCHS = 3
@@ -34,33 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster_data(s3_client: Any, tmp_path_factory: pytest.TempPathFactory) -> ClusterData:
-    local = tmp_path_factory.mktemp("cluster-shards")
-    return upload_cluster_data(s3_client, f"cluster-{os.getpid()}", local, make_tar_shard)
-
-
-@pytest.fixture
-def start_nodes(tmp_path: Path) -> Iterator[Callable[[list[int], list[str]], list[Node]]]:
-    """Factory: one daemon per capacity; every daemon started is stopped after the test."""
-    nodes = NodeSet(tmp_path)
-    yield nodes.start
-    nodes.stop()
-
-
-@pytest.fixture(scope="module")
 def rank_processes() -> Any:
     return rank_process_context()
-
-
-def node_shares(data: ClusterData, nodes: int) -> list[set[str]]:
-    """Each node's shard URLs under node placement (balanced by bytes: the refs carry sizes)."""
-    weights = weights_of([None] * len(data.refs), [ref.size for ref in data.refs])
-    owner = owners(weights, nodes, 0)
-    return [{ref.url for ref, o in zip(data.refs, owner, strict=True) if o == k} for k in range(nodes)]
-
-
-def share_bytes(data: ClusterData, share: set[str]) -> int:
-    return sum(ref.size or 0 for ref in data.refs if ref.url in share)
 
 
 def ranks_on(data: ClusterData, nodes: list[Node], per_node: int, placement: str = "auto") -> list[Rank]:
@@ -68,13 +39,9 @@ def ranks_on(data: ClusterData, nodes: list[Node], per_node: int, placement: str
     return [Rank(r, world, per_node, nodes[r // per_node].socket, data.refs, placement) for r in range(world)]
 
 
-def egress(nodes: list[Node]) -> int:
-    return sum(int(node.stats()["bytes_fetched"]) for node in nodes)
-
-
 def start_cluster(data: ClusterData, start: Callable[[list[int], list[str]], list[Node]]) -> list[Node]:
     """4 nodes, each daemon's capacity 1.15x its node's share of the dataset's bytes."""
-    return start([int(1.15 * share_bytes(data, s)) for s in node_shares(data, 4)], [data.prefix])
+    return start(data.capacities(4), [data.prefix])
 
 
 def exactly_once(data: ClusterData) -> Callable[[int, dict[int, list[str]]], None]:
@@ -87,7 +54,7 @@ def exactly_once(data: ClusterData) -> Callable[[int, dict[int, list[str]]], Non
 def test_node_placement_downloads_the_dataset_about_once_and_each_daemon_holds_its_nodes_plans(
     cluster_data: ClusterData, start_nodes: Any, rank_processes: Any
 ) -> None:
-    shares = node_shares(cluster_data, 4)
+    shares = cluster_data.node_shares(4)
     nodes = start_cluster(cluster_data, start_nodes)
     urls_of = {f"s{i:04d}": ref.url for i, ref in enumerate(cluster_data.refs)}
     held: list[list[dict[str, Any]]] = []

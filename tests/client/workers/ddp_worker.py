@@ -82,7 +82,8 @@ def main() -> None:
         rank_in_job, size = int(os.environ["RANK"]), args.local_world_size
         os.environ["LOCAL_WORLD_SIZE"] = str(size)
         os.environ["LOCAL_RANK"] = str(rank_in_job % size)
-        os.environ["NODE_RANK"] = str(rank_in_job // size)
+        os.environ["GROUP_RANK"] = str(rank_in_job // size)
+        os.environ["GROUP_WORLD_SIZE"] = str(int(os.environ["WORLD_SIZE"]) // size)
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()

@@ -26,6 +26,8 @@ from shardcache.context import RuntimeContext, in_main_process, torch_distribute
 from shardcache.memo import IdentityMemo
 from shardcache.shards import ShardRef
 from shardcache.sources.deal.partition import PLACEMENT_SEED, Partitioning, ShardUnits, Unit, owners
+from shardcache.topology.hosts import GroupLayout, known_layout
+from shardcache.topology.launchers import NodeLayout
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class RunFacts:
     # (rank, world_size) of torch.distributed in the main process when captured: what a spawned worker,
     # which has no process group, reads as its rank (launchers such as Lightning's set no RANK variable).
     world: tuple[int, int] | None = None
+    # The node layout the main process learned from its process group's hosts when captured (None: none
+    # exchanged): a spawned worker cannot ask the group, and its launcher variables may not tell.
+    layout: GroupLayout | None = None
 
     def distributed(self) -> bool:
         dist = torch_distributed()
@@ -63,14 +68,28 @@ class RunFacts:
             dist = torch_distributed()
             self.is_distributed = dist is not None and int(dist.get_world_size()) > 1
             self.world = None if dist is None else (int(dist.get_rank()), int(dist.get_world_size()))
+            self.layout = None if dist is None else known_layout(dist)
 
     def worker_environment(self) -> Mapping[str, str] | None:
         """The environment a reader infers its rank from: in a worker without a process group (spawned),
-        the launcher's variables with the main process's rank and world size; else None (`os.environ`)."""
+        the launcher's variables with the main process's rank and world size, and the node layout its
+        process group's hosts gave, in torchrun's names (the closest launcher's); else None (`os.environ`)."""
         if self.world is None or in_main_process() or torch_distributed() is not None:
             return None
         rank, world_size = self.world
-        return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size)}
+        if self.layout is not None:
+            # None: the group counted as one node (its warning said why); the worker does the same, quietly.
+            layout = self.layout.layout or NodeLayout(world_size, 1, rank, 0)
+            local_rank = rank % layout.local_world_size if layout.local_rank is None else layout.local_rank
+            node_rank = rank // layout.local_world_size if layout.node_rank is None else layout.node_rank
+            env.update(
+                LOCAL_WORLD_SIZE=str(layout.local_world_size),
+                GROUP_WORLD_SIZE=str(layout.num_nodes),
+                LOCAL_RANK=str(local_rank),
+                GROUP_RANK=str(node_rank),
+            )
+        return env
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled by the trainer for a spawned worker (or any copy): the world as it is now.
