@@ -20,9 +20,9 @@ import pytest
 
 from harness.daemon_api import api, metric
 from harness.devservers import Daemon
+from harness.namespaces import require_namespaces, stop_namespaced
 from harness.polling import wait_for
 from harness.shards import make_tar_shard
-from harness.tools import require_tool, unavailable
 from shardcache.daemon_access.daemon_client import DaemonClient
 
 HOLDER = Path(__file__).parents[2] / "harness" / "lease_holder.py"
@@ -133,10 +133,7 @@ def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_has_its_pins_release
     # A DaemonSet pod beside trainer pods: the daemon lives in its own PID namespace, so SO_PEERCRED gives
     # pid 0 for a trainer outside it and the daemon cannot follow its pid. It follows its session instead:
     # the kernel closes the session's connection when the trainer dies. The TTL stays at 300 s.
-    unshare = require_tool("unshare")
-    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        unavailable(f"cannot create a PID namespace (root or user namespaces needed): {probe.stderr.strip()}")
+    unshare = require_namespaces()
     daemon = daemon_factory(
         allow=[str(Path(shards[0]).parent)],
         capacity=_capacity(shards, 4),
@@ -153,11 +150,7 @@ def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_has_its_pins_release
         with api(daemon) as http:
             wait_for(lambda: http.get("/v1/stats").json()["plans"] == 0, "the killed trainer's plan to go")
     finally:
-        # `unshare --fork` ignores SIGTERM itself (its child is to handle it): stop the daemon directly.
-        wrapper = daemon.process.pid
-        for child in Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split():
-            os.kill(int(child), signal.SIGTERM)
-        daemon.process.wait(15)
+        assert stop_namespaced(daemon) == 0
 
 
 def test_kill_9_of_a_trainers_process_group_releases_every_member_s_pins(

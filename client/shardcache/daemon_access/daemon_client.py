@@ -329,11 +329,11 @@ class DaemonClient(DaemonAvailability):
         in a new session. A lease or plan is never taken outside a session the daemon knows, so it always
         ends with this process.
         """
-        session = self._session.current(self._transport.connects)
+        session = self._session.current(self._transport)
         answer = send(session)
         if session is not None and answer.status >= 400 and self._session.gone(answer):
             self._session.lost(session)
-            answer = send(self._session.current(self._transport.connects))
+            answer = send(self._session.current(self._transport))
         return answer
 
     # -- connections (availability and restarts: `availability`) ------------------------------

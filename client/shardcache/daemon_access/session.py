@@ -41,7 +41,7 @@ import socket
 import threading
 
 from shardcache import forksafe
-from shardcache.daemon_access.open_wire import read_answer
+from shardcache.daemon_access.open_wire import CountingTransport, read_answer
 from shardcache.daemon_access.transport import Response, check_descriptors, describe, encode_request
 from shardcache.errors import DaemonError, DaemonUnavailable
 from shardcache_protocol import SESSIONS_PATH, SessionGrant
@@ -78,24 +78,25 @@ class Session:
         self._close()
         self._none_at = None
 
-    def current(self, connects: int) -> str | None:
+    def current(self, hot_path: CountingTransport) -> str | None:
         """The session id to name in a request: this process's session, started when there is none; None
         when the daemon has no sessions.
 
-        `connects`: how many connections the hot path has made (`DaemonClient.generation`); a daemon
-        without sessions is asked again once it changes.
+        `hot_path`: the client's open transport. A daemon without sessions is asked again once it has
+        made a new connection (`DaemonClient.generation`: the daemon may have restarted, newer).
 
         Raises:
             DaemonUnavailable: no daemon answers.
             DaemonRequestError: the daemon refused (503 shutting_down while it stops).
         """
         session_id = self._id
-        if session_id is not None or self._none_at == connects:
+        if session_id is not None or self._none_at == hot_path.connects:
             return session_id
         with self._lock:
-            if self._id is not None or self._none_at == connects:
+            if self._id is not None or self._none_at == hot_path.connects:
                 return self._id  # another thread started it meanwhile
-            return self._start(connects)
+            hot_path.connect()  # first, so that the request this session is for makes no new connection
+            return self._start(hot_path.connects)
 
     def gone(self, refusal: Response) -> bool:
         """Whether an error answer to a request that named this session means the session is gone: the

@@ -22,6 +22,7 @@ import pytest
 
 from harness.devservers import Daemon
 from harness.pipelines import make_tars
+from harness.polling import wait_child
 from harness.watchdog import run_watched
 from shardcache import forksafe
 from shardcache.daemon_access.control import NO_TLS, ControlClient
@@ -29,21 +30,7 @@ from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.direct import DiskFullMemory
 
 REPO = Path(__file__).resolve().parents[3]
-CHILD_TIMEOUT_S = 30.0
 REAL_SSL_CONTEXT = ssl.SSLContext
-
-
-def wait_child(pid: int, timeout_s: float = CHILD_TIMEOUT_S) -> int:
-    """The exit status of a forked child; a child still running at the deadline is killed and fails."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)  # polling a child process's exit
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child {pid} hung (killed after {timeout_s:g}s)")
 
 
 @pytest.fixture
