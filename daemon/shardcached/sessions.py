@@ -3,7 +3,7 @@
 A client process starts a session with `POST /v1/sessions` and keeps that request's connection open for
 its whole life: the answer's first line is the session's id (`SessionGrant`) and its body never ends.
 Opens and plan registrations that name the session, on any other connection, are filed under it
-(owners.py). When the connection closes (the process exited, however it died, or closed its client),
+(owners.py). When the connection closes (the process exited, however it died, or hung up on purpose),
 uvicorn reports the disconnect and the session ends: its leases at once, its plans after a grace period.
 `SO_PEERCRED`'s pid (peers.py) cannot follow a trainer in another PID namespace (a trainer pod beside a
 DaemonSet pod sees pid 0); a connection's end needs no pid: the kernel closes it when the last process

@@ -127,7 +127,7 @@ class SessionGrant(_Answer):
     """The first line of `POST /v1/sessions`'s answer, whose body then stays open: the session's id.
 
     Leases and plans whose request names the session end when its connection closes (the client process
-    exited, or closed its client), whatever PID namespace the client runs in.
+    exited, or hung up on purpose), whatever PID namespace the client runs in.
     """
 
     session: str = Field(description="name it as `session` in opens and plan registrations")

@@ -35,7 +35,7 @@ from shardcache.daemon_access.direct import (
 )
 from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discover
 from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
-from shardcache.daemon_access.session import Session
+from shardcache.daemon_access.session import session_for
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
 from shardcache.node import JSONObject, JSONValue
@@ -126,7 +126,7 @@ class DaemonClient(DaemonAvailability):
     def _setup(self) -> None:
         self._transport = CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
         self._control = ControlClient(self.socket, self.timeout)
-        self._session = Session(self.socket, self.timeout)
+        self._session = session_for(self.socket)
         self._state_lock = threading.Lock()
         self._down_at = None  # the daemon's state as this client sees it (see DaemonAvailability)
         self._seen_up = False
@@ -329,11 +329,11 @@ class DaemonClient(DaemonAvailability):
         in a new session. A lease or plan is never taken outside a session the daemon knows, so it always
         ends with this process.
         """
-        session = self._session.current(self._transport)
+        session = self._session.current(self.timeout)
         answer = send(session)
         if session is not None and answer.status >= 400 and self._session.gone(answer):
             self._session.lost(session)
-            answer = send(self._session.current(self._transport))
+            answer = send(self._session.current(self.timeout))
         return answer
 
     # -- connections (availability and restarts: `availability`) ------------------------------
@@ -452,12 +452,12 @@ class DaemonClient(DaemonAvailability):
         return Health.model_validate(self._call("GET", f"{_V1}/health"))
 
     def close(self) -> None:
-        """Close this thread's connection to the daemon (other threads' close when the threads end) and
-        end this process's session: the daemon ends the leases of shards still open through this client
-        (in any thread) and, after a few seconds, its plans. The next open starts a new session."""
+        """Close this thread's connection to the daemon (other threads' close when the threads end).
+
+        The process's session stays (`session`): the plans this client registered stay with the process,
+        and the daemon ends what the process still holds when the process ends."""
         self._transport.close()
         self._control.close()
-        self._session.close()
 
     def __enter__(self) -> DaemonClient:
         return self

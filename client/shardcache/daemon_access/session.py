@@ -13,22 +13,25 @@ streamed read), so tying leases to them would end the leases of a live reader.
 
 The rules that keep the session true to its process:
 
-- **One per process, never shared with a forked child.** A DataLoader worker forked from the trainer
-  inherits a copy of the session's socket; if it kept it, the connection would outlive the trainer as
-  long as the worker lives. The child closes its copy (`_reset_after_fork`; closing a copy does not end
-  the parent's connection) and starts its own session at its first open. The socket is created and
-  recorded under `forksafe.background_work`, so no fork can fall between the two and leak an unrecorded
-  copy into a child.
+- **One per process (and daemon socket), whatever the clients.** Every `DaemonClient` of the process uses
+  it (`session_for`): a source makes a client per pass over the data and closes it at the end of the
+  pass, but the plans it registered for the next epoch must outlive that client, as they outlive nothing
+  but the process. Closing a client therefore leaves the session; only the process's end ends it. (The
+  registry is module state on purpose: it stands for the process itself.)
+- **Never shared with a forked child.** A DataLoader worker forked from the trainer inherits a copy of
+  the session's socket; if it kept it, the connection would outlive the trainer as long as the worker
+  lives. The child closes its copy (`_reset_after_fork`; closing a copy does not end the parent's
+  connection) and starts its own session at its first open. The socket is created and recorded under
+  `forksafe.background_work`, so no fork can fall between the two and leak an unrecorded copy.
 - **A session the daemon ended is replaced.** A daemon that restarted does not know the id (404
   `unknown_session`), and one that stopped ended the session's answer or its connection (the socket turned
   readable, `ended`). The caller checks on an error answer only, so a successful open costs nothing: it
   drops the session (`lost`) and sends the request again in a new one. A restarted daemon is always
   noticed this way, since it answers the first request naming the old id with an error.
 - **An older daemon has none** (404 or 405 for `POST /v1/sessions`): requests name no session, and the
-  daemon follows the process by its pid as before. It is asked again after the hot path reconnects (a
-  restarted daemon may be a newer one). A daemon downgraded under a running process refuses the
-  `session` field (422); the session's socket has ended by then, so the request goes again without.
-- `close()` ends the session: the daemon ends whatever leases the client still holds.
+  daemon follows the process by its pid as before. It is asked again after `NO_SESSIONS_RETRY_S` (a
+  restarted daemon may be a newer one). A daemon downgraded under a running process refuses the `session`
+  field (422); the session's socket has ended by then, so the request goes again without.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ import os
 import select
 import socket
 import threading
+import time
 
 from shardcache import forksafe
-from shardcache.daemon_access.open_wire import CountingTransport, read_answer
+from shardcache.daemon_access.open_wire import read_answer
 from shardcache.daemon_access.transport import Response, check_descriptors, describe, encode_request
 from shardcache.errors import DaemonError, DaemonUnavailable
 from shardcache_protocol import SESSIONS_PATH, SessionGrant
@@ -49,6 +53,8 @@ from shardcache_protocol import SESSIONS_PATH, SessionGrant
 UNKNOWN_SESSION = "unknown_session"
 _NO_SESSIONS = (404, 405)  # an older daemon's answer to `POST /v1/sessions`
 _MAX_LINE = 64 * 1024
+# A daemon without sessions is asked again after this long (it may have been replaced by a newer one).
+NO_SESSIONS_RETRY_S = 30.0
 # Readable at all: the daemon ended the answer (shutdown) or the connection (EOF).
 _ENDED = select.POLLIN | select.POLLHUP | select.POLLERR
 
@@ -56,19 +62,16 @@ _ENDED = select.POLLIN | select.POLLHUP | select.POLLERR
 class Session:
     """This process's session with the daemon on `socket_path`; safe across threads and forks.
 
-    Args:
-        socket_path: the daemon's Unix socket (may be changed later; the next session follows it).
-        timeout: seconds the daemon may take to grant a session.
+    Use `session_for(socket_path)`: one per process and socket.
     """
 
-    def __init__(self, socket_path: str, timeout: float) -> None:
+    def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
-        self.timeout = timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._answer: http.client.HTTPResponse | None = None
         self._id: str | None = None
-        self._none_at: int | None = None  # the connection count at which the daemon said it has no sessions
+        self._none_until = 0.0  # monotonic time until which the daemon is taken to have no sessions
         forksafe.reset_in_child(self)
 
     def _reset_after_fork(self) -> None:
@@ -76,27 +79,23 @@ class Session:
         # session: this copy is closed (the parent's stays open), so the parent's death ends it.
         self._lock = threading.Lock()
         self._close()
-        self._none_at = None
+        self._none_until = 0.0
 
-    def current(self, hot_path: CountingTransport) -> str | None:
-        """The session id to name in a request: this process's session, started when there is none; None
-        when the daemon has no sessions.
-
-        `hot_path`: the client's open transport. A daemon without sessions is asked again once it has
-        made a new connection (`DaemonClient.generation`: the daemon may have restarted, newer).
+    def current(self, timeout: float) -> str | None:
+        """The session id to name in a request: this process's session, started when there is none (the
+        daemon may take `timeout` seconds to grant it); None while the daemon has no sessions.
 
         Raises:
             DaemonUnavailable: no daemon answers.
             DaemonRequestError: the daemon refused (503 shutting_down while it stops).
         """
         session_id = self._id
-        if session_id is not None or self._none_at == hot_path.connects:
+        if session_id is not None or time.monotonic() < self._none_until:
             return session_id
         with self._lock:
-            if self._id is not None or self._none_at == hot_path.connects:
+            if self._id is not None or time.monotonic() < self._none_until:
                 return self._id  # another thread started it meanwhile
-            hot_path.connect()  # first, so that the request this session is for makes no new connection
-            return self._start(hot_path.connects)
+            return self._start(timeout)
 
     def gone(self, refusal: Response) -> bool:
         """Whether an error answer to a request that named this session means the session is gone: the
@@ -114,23 +113,24 @@ class Session:
             return True
         return bool(poller.poll(0))
 
+    def close_if_ended(self) -> None:
+        """Close the session's socket if the daemon ended the session (the next use starts another)."""
+        with self._lock:
+            if self._sock is not None and self.ended():
+                self._close()
+
     def lost(self, session_id: str) -> None:
         """The daemon does not know `session_id` (it restarted): the next `current` starts another."""
         with self._lock:
             if self._id == session_id:
                 self._close()
 
-    def close(self) -> None:
-        """End the session: the daemon ends the leases it still holds and, after a grace, its plans."""
-        with self._lock:
-            self._close()
-
-    def _start(self, connects: int) -> str | None:
+    def _start(self, timeout: float) -> str | None:
         with forksafe.background_work():  # no fork between creating the socket and recording it
             sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
         try:
-            sock.settimeout(self.timeout)
+            sock.settimeout(timeout)
             sock.connect(self.socket_path)
             sock.sendall(encode_request("POST", SESSIONS_PATH, body))
             answer = self._answer = http.client.HTTPResponse(sock)
@@ -139,7 +139,7 @@ class Session:
                 refusal = Response(answer.status, answer.read())
                 self._close()
                 if refusal.status in _NO_SESSIONS:
-                    self._none_at = connects
+                    self._none_until = time.monotonic() + NO_SESSIONS_RETRY_S
                     return None
                 refusal.raise_for_status()
             line = answer.readline(_MAX_LINE)
@@ -155,7 +155,6 @@ class Session:
             self._close()
             raise
         self._id = grant.session
-        self._none_at = None
         return grant.session
 
     def _close(self) -> None:
@@ -165,6 +164,39 @@ class Session:
             if answer is not None:
                 answer.close()  # its file holds a reference that would keep the socket open
             sock.close()
+
+
+class _Sessions:
+    """The process's sessions by socket path (see the module's docstring: module state on purpose)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_socket: dict[str, Session] = {}
+        forksafe.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.Lock()  # the sessions reset themselves
+
+    def get(self, socket_path: str) -> Session:
+        session = self._by_socket.get(socket_path)
+        if session is None:
+            with self._lock:
+                session = self._by_socket.get(socket_path)
+                if session is None:
+                    # A process that meets a new socket may have left daemons behind (tests start one
+                    # per test): the sessions those ended are closed, so their sockets do not pile up.
+                    for other in self._by_socket.values():
+                        other.close_if_ended()
+                    session = self._by_socket[socket_path] = Session(socket_path)
+        return session
+
+
+_SESSIONS = _Sessions()
+
+
+def session_for(socket_path: str) -> Session:
+    """This process's session with the daemon on `socket_path` (one per process and socket)."""
+    return _SESSIONS.get(socket_path)
 
 
 def _unknown_session(answer: Response) -> bool:

@@ -2,8 +2,8 @@
 
 Real daemon, real `DaemonClient`, real forks and threads. The session's connection is the one the daemon
 watches (tests/daemon/test_sessions.py holds the wire); these tests hold the client to its rules: one
-session per process and per client, never shared with a forked child, replaced after a daemon restart,
-ended by `close()`, and none with a daemon that has no sessions.
+session per process, shared by its clients and outliving each of them, never shared with a forked child,
+replaced after a daemon restart, and none with a daemon that has no sessions.
 """
 
 from __future__ import annotations
@@ -89,35 +89,70 @@ def test_a_keep_alive_connection_closing_and_another_opening_leave_the_leases_in
         assert (http.get("/v1/stats").json()["leases"], http.get("/v1/stats").json()["sessions"]) == (2, 1)
 
 
-def test_closing_the_client_ends_its_session_and_the_leases_it_still_holds(
+def test_every_client_of_a_process_opens_in_its_one_session_which_outlives_them(
     daemon: Daemon, local_shards: ShardSet
 ) -> None:
-    client = DaemonClient(daemon.socket, required=True)
-    with client.open(local_shards.local_paths[0]) as handle:
-        client.close()
-        wait_for(lambda: stats(daemon)["leases"] == 0, "the closed client's lease to end")
-        assert handle.read(1)  # the file stays readable; only the daemon's accounting let go of it
-    assert stats(daemon)["sessions"] == 0
-    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 1
+    # A source makes a client per pass over the data and closes it at the end of the pass; the plans it
+    # registered (the next epoch's) and the process's other clients must not end with it.
+    paths = local_shards.local_paths
+    first, second = DaemonClient(daemon.socket, required=True), DaemonClient(daemon.socket, required=True)
+    with first.open(paths[0]), second.open(paths[1]):
+        assert (stats(daemon)["sessions"], stats(daemon)["leases"]) == (1, 2)
+    first.close()
+    second.close()
+    with DaemonClient(daemon.socket, required=True) as third, third.open(paths[2]):
+        assert (stats(daemon)["sessions"], stats(daemon)["leases"]) == (1, 1)
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 0
 
 
-def test_after_a_daemon_restart_the_next_open_takes_its_lease_in_a_new_session(
+TRAINER_THROUGH_A_RESTART = textwrap.dedent(
+    """
+    import os, sys, time
+    from shardcache import DaemonClient
+    socket, steps, first, second = sys.argv[1:]
+    def step(name):
+        with open(os.path.join(steps, name + ".tmp"), "w"):
+            pass
+        os.replace(os.path.join(steps, name + ".tmp"), os.path.join(steps, name))
+    client = DaemonClient(socket, required=True)
+    with client.open(first):
+        step("first")
+        while not os.path.exists(os.path.join(steps, "restarted")):
+            time.sleep(0.02)  # the test restarts the daemon meanwhile
+        with client.open(second):
+            step("second")
+            time.sleep(600)
+    """
+)
+
+
+def test_a_trainer_that_lived_through_a_daemon_restart_is_released_by_the_new_daemon_when_killed(
     daemon_factory: Callable[..., Daemon], local_shards: ShardSet, short_tmp: Path, tmp_path: Path
 ) -> None:
-    socket_path, cache = short_tmp / "restarted.sock", tmp_path / "restarted-cache"
-    first = daemon_factory(allow=[str(local_shards.local_dir)], socket_path=socket_path, cache_dir=cache)
-    with DaemonClient(str(socket_path), required=True) as client:
-        with client.open(local_shards.local_paths[0]):
-            assert first.stop() == 0
-            second = daemon_factory(
-                allow=[str(local_shards.local_dir)], socket_path=socket_path, cache_dir=cache
-            )
-            with client.open(local_shards.local_paths[1]) as handle:
-                assert handle.read(1)
-                assert (stats(second)["sessions"], stats(second)["leases"]) == (1, 1)
-                client.close()  # ends the new session, which holds the new lease
-                wait_for(lambda: stats(second)["leases"] == 0, "the new session's lease to end with it")
-    assert metric(second, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 1
+    # The old daemon's session is gone with it; the trainer's next open names it, is refused (404
+    # unknown_session), starts a session with the new daemon and opens again in it.
+    socket_path, cache, steps = short_tmp / "restarted.sock", tmp_path / "restarted-cache", tmp_path / "steps"
+    steps.mkdir()
+    allow = [str(local_shards.local_dir)]
+    first = daemon_factory(allow=allow, socket_path=socket_path, cache_dir=cache)
+    shards = local_shards.local_paths[:2]
+    command = [sys.executable, "-c", TRAINER_THROUGH_A_RESTART, str(socket_path), str(steps), *shards]
+    trainer = subprocess.Popen(command, start_new_session=True)
+    try:
+        wait_for(lambda: (steps / "first").exists() or trainer.poll() is not None, "the first open", 60)
+        assert first.stop() == 0
+        second = daemon_factory(allow=allow, socket_path=socket_path, cache_dir=cache)
+        (steps / "restarted").touch()
+        wait_for(lambda: (steps / "second").exists() or trainer.poll() is not None, "the second open", 60)
+        assert trainer.poll() is None, "the trainer failed"
+        assert (stats(second)["sessions"], stats(second)["leases"]) == (1, 1)
+        trainer.kill()
+        wait_for(lambda: stats(second)["leases"] == 0, "the killed trainer's lease to end", 5)
+        assert metric(second, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 1
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        trainer.wait(30)
 
 
 def test_a_forked_child_opens_in_a_session_of_its_own_whose_end_leaves_the_parent_s_leases(
