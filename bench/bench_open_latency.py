@@ -44,7 +44,9 @@ from harness.devservers import start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
 
 HEADER = 512
-KEYS = ("p50", "p99", "rate")  # what one run of the shipped variant reports with --json
+# What one run of the shipped variant reports with --json: 16-process latency and rate, and one sequential
+# client's CPU per open on each side (less sensitive to a loaded machine than latency).
+KEYS = ("p50", "p99", "rate", "client_cpu", "daemon_cpu")
 
 
 def client_loop(
@@ -166,8 +168,8 @@ def run_variant(
     return opens, cycles
 
 
-def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
-    """One client alone, sequential: wall time and CPU time per open+release on each side of the socket."""
+def cpu_per_open(socket: str, daemon_pid: int, urls: list[str], count: int) -> dict[str, float]:
+    """One client alone, sequential: wall and CPU time (ms) per open+release on each side of the socket."""
     import psutil
 
     daemon = psutil.Process(daemon_pid)
@@ -184,9 +186,15 @@ def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
     client_cpu = (time.process_time() - client_before) / count * 1e3
     daemon_cpu = (sum(daemon.cpu_times()[:2]) - daemon_before) / count * 1e3
     client.close()
+    return {"wall": wall, "client_cpu": client_cpu, "daemon_cpu": daemon_cpu}
+
+
+def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
+    """`cpu_per_open`, in words."""
+    cpu = cpu_per_open(socket, daemon_pid, urls, count)
     return (
-        f"one client, sequential: {wall:.2f} ms per open+release; CPU per open: client {client_cpu:.2f} ms, "
-        f"daemon {daemon_cpu:.2f} ms"
+        f"one client, sequential: {cpu['wall']:.2f} ms per open+release; CPU per open: client "
+        f"{cpu['client_cpu']:.3f} ms, daemon {cpu['daemon_cpu']:.3f} ms"
     )
 
 
@@ -227,7 +235,8 @@ def compare(baseline: str, args: argparse.Namespace) -> None:
             rows[name].append(row)
             print(
                 f"  round {round_number + 1} {name}: p50 {row['p50']:5.2f} ms  p99 {row['p99']:5.2f} ms  "
-                f"{row['rate']:8,.0f} opens/s   ({tree})",
+                f"{row['rate']:8,.0f} opens/s; one client's CPU per open: client {row['client_cpu']:.3f} ms, "
+                f"daemon {row['daemon_cpu']:.3f} ms   ({tree})",
                 flush=True,
             )
     median = {
@@ -240,7 +249,9 @@ def compare(baseline: str, args: argparse.Namespace) -> None:
     )
     print(
         f"this / base: p50 {this['p50'] / base['p50']:.2f}x, p99 {this['p99'] / base['p99']:.2f}x, "
-        f"opens/s {this['rate'] / base['rate']:.2f}x"
+        f"opens/s {this['rate'] / base['rate']:.2f}x; CPU per open: client "
+        f"{this['client_cpu'] / base['client_cpu']:.2f}x, "
+        f"daemon {this['daemon_cpu'] / base['daemon_cpu']:.2f}x"
     )
 
 
@@ -282,9 +293,11 @@ def main(argv: list[str] | None = None) -> None:
                 with client.open(url):
                     pass
         if args.json:
+            cpu = cpu_per_open(daemon.socket, daemon.process.pid, urls, 2000)
             opens, _ = run_variant(daemon.socket, urls, args.procs, args.seconds, False, None)
             p50, p99 = np.percentile(opens, [50, 99])
-            print(json.dumps({"p50": p50, "p99": p99, "rate": len(opens) / args.seconds}))
+            row = {"p50": p50, "p99": p99, "rate": len(opens) / args.seconds, **cpu}
+            print(json.dumps({key: float(value) for key, value in row.items()}))
             return
         print(
             f"open latency: {args.procs} client processes on {os.cpu_count()} cores, {args.shards} cached "
