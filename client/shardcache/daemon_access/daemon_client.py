@@ -63,6 +63,10 @@ PIGGYBACK_WITHIN_S = 0.25
 class DaemonClient(DaemonAvailability):
     """A connection to the node's `shardcached`, safe to share across threads and to copy into workers.
 
+    What a process opens through its clients ends with the process: each process holds one session with
+    the daemon (`daemon_access.session`), a connection kept open for its life whose end the daemon sees
+    in whatever PID namespace the process runs, so a killed trainer's open shards are released at once.
+
     Args:
         socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the system daemon's socket
             when it exists, else the per-user one (see `discovery`).
