@@ -11,19 +11,28 @@ header, as the shipped client does), measured in the same run; the ratio of the 
 The processes saturate the machine's cores, as DataLoader workers do. `SHARDCACHED_PROFILE=/tmp/d.prof`
 makes the daemon dump a cProfile of its whole run there at exit.
 
+With `--baseline TREE` (a checkout of main: `git worktree add --detach /tmp/open-base main`) only the
+shipped variant runs, on this tree and on TREE alternately (`--rounds` each, each a fresh daemon and
+clients from that tree: its daemon/, client/ and protocol/ first on the path), and the ratios of the
+medians of their p50, p99 and opens/s are printed: the before/after of a change to the hot path.
+
     .venv/bin/python -m bench.bench_open_latency                             # 16 processes, 5 s per variant
     .venv/bin/python -m bench.bench_open_latency --procs 4 --seconds 1       # quick
     .venv/bin/python -m bench.bench_open_latency --profile                   # cProfile of one client
+    .venv/bin/python -m bench.bench_open_latency --baseline /tmp/open-base   # this tree against main
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import multiprocessing
 import os
 import pstats
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +44,9 @@ from harness.devservers import start_daemon
 from shardcache.daemon_access.daemon_client import DaemonClient
 
 HEADER = 512
+# What one run of the shipped variant reports with --json: 16-process latency and rate, and one sequential
+# client's CPU per open on each side (less sensitive to a loaded machine than latency).
+KEYS = ("p50", "p99", "rate", "client_cpu", "daemon_cpu")
 
 
 def client_loop(
@@ -156,8 +168,8 @@ def run_variant(
     return opens, cycles
 
 
-def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
-    """One client alone, sequential: wall time and CPU time per open+release on each side of the socket."""
+def cpu_per_open(socket: str, daemon_pid: int, urls: list[str], count: int) -> dict[str, float]:
+    """One client alone, sequential: wall and CPU time (ms) per open+release on each side of the socket."""
     import psutil
 
     daemon = psutil.Process(daemon_pid)
@@ -174,15 +186,73 @@ def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
     client_cpu = (time.process_time() - client_before) / count * 1e3
     daemon_cpu = (sum(daemon.cpu_times()[:2]) - daemon_before) / count * 1e3
     client.close()
+    return {"wall": wall, "client_cpu": client_cpu, "daemon_cpu": daemon_cpu}
+
+
+def cpu_split(socket: str, daemon_pid: int, urls: list[str], count: int) -> str:
+    """`cpu_per_open`, in words."""
+    cpu = cpu_per_open(socket, daemon_pid, urls, count)
     return (
-        f"one client, sequential: {wall:.2f} ms per open+release; CPU per open: client {client_cpu:.2f} ms, "
-        f"daemon {daemon_cpu:.2f} ms"
+        f"one client, sequential: {cpu['wall']:.2f} ms per open+release; CPU per open: client "
+        f"{cpu['client_cpu']:.3f} ms, daemon {cpu['daemon_cpu']:.3f} ms"
     )
 
 
 def describe(name: str, values: np.ndarray) -> str:
     p50, p99 = np.percentile(values, [50, 99])
     return f"{name:<26} p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {values.max():7.2f} ms"
+
+
+def shipped_on(tree: str, args: argparse.Namespace) -> dict[str, float]:
+    """The shipped variant measured with `tree`'s daemon and client, in a process of its own."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([f"{tree}/daemon", f"{tree}/client", f"{tree}/protocol", os.getcwd()])
+    argv = ["--procs", str(args.procs), "--seconds", str(args.seconds), "--shards", str(args.shards)]
+    argv += ["--shard-kib", str(args.shard_kib), "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_open_latency", *argv],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=args.seconds + 300,
+    )
+    row: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return row
+
+
+def compare(baseline: str, args: argparse.Namespace) -> None:
+    """This tree against `baseline`, alternating, `args.rounds` runs each (see the module docstring)."""
+    trees = {"this": os.getcwd(), "base": baseline}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    print(
+        f"open latency, shipped client: {args.procs} client processes on {os.cpu_count()} cores, "
+        f"{args.seconds:g} s per run, {args.rounds} runs per tree, alternating"
+    )
+    for round_number in range(args.rounds):
+        for name, tree in trees.items():
+            row = shipped_on(tree, args)
+            rows[name].append(row)
+            print(
+                f"  round {round_number + 1} {name}: p50 {row['p50']:5.2f} ms  p99 {row['p99']:5.2f} ms  "
+                f"{row['rate']:8,.0f} opens/s; one client's CPU per open: client {row['client_cpu']:.3f} ms, "
+                f"daemon {row['daemon_cpu']:.3f} ms   ({tree})",
+                flush=True,
+            )
+    median = {
+        name: {key: float(np.median([r[key] for r in got])) for key in got[0]} for name, got in rows.items()
+    }
+    this, base = median["this"], median["base"]
+    print(
+        f"medians: this p50 {this['p50']:.2f} ms, p99 {this['p99']:.2f} ms, {this['rate']:,.0f} opens/s; "
+        f"base p50 {base['p50']:.2f} ms, p99 {base['p99']:.2f} ms, {base['rate']:,.0f} opens/s"
+    )
+    print(
+        f"this / base: p50 {this['p50'] / base['p50']:.2f}x, p99 {this['p99'] / base['p99']:.2f}x, "
+        f"opens/s {this['rate'] / base['rate']:.2f}x; CPU per open: client "
+        f"{this['client_cpu'] / base['client_cpu']:.2f}x, "
+        f"daemon {this['daemon_cpu'] / base['daemon_cpu']:.2f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,7 +263,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shard-kib", type=int, default=1024)
     parser.add_argument("--daemon-args", default="", help="extra shardcached flags, space-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile one client process per variant")
+    parser.add_argument("--baseline", metavar="TREE", help="a checkout to compare the shipped variant with")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per tree with --baseline")
+    parser.add_argument("--json", action="store_true", help="the shipped variant only, printed as JSON")
     args = parser.parse_args(argv)
+    if args.baseline:
+        compare(args.baseline, args)
+        return
     work = Path(tempfile.mkdtemp(prefix="scopen-", dir="/tmp"))
     daemon = None
     try:
@@ -216,6 +292,13 @@ def main(argv: list[str] | None = None) -> None:
             for url in urls:
                 with client.open(url):
                     pass
+        if args.json:
+            cpu = cpu_per_open(daemon.socket, daemon.process.pid, urls, 2000)
+            opens, _ = run_variant(daemon.socket, urls, args.procs, args.seconds, False, None)
+            p50, p99 = np.percentile(opens, [50, 99])
+            row = {"p50": p50, "p99": p99, "rate": len(opens) / args.seconds, **cpu}
+            print(json.dumps({key: float(value) for key, value in row.items()}))
+            return
         print(
             f"open latency: {args.procs} client processes on {os.cpu_count()} cores, {args.shards} cached "
             f"shards, {args.seconds:g} s per variant"

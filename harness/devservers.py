@@ -160,10 +160,13 @@ def start_daemon(
     deadline_s: float = 30.0,
     log: Path | None = None,
     wrapper: Sequence[str] = (),
+    reach_at: str | Path | None = None,
 ) -> Daemon:
     """Start `shardcached` as a subprocess and wait until `/v1/health` answers on its socket.
 
     `wrapper` prefixes the command (e.g. `unshare --pid --fork` to run the daemon in its own PID namespace).
+    `reach_at`: where this process reaches the socket when the daemon's mount namespace shows it at
+    `socket_path` but this one elsewhere (a bind-mounted socket directory); `Daemon.socket` is this path.
     """
     port = metrics_port or free_tcp_port()
     args = [
@@ -186,7 +189,7 @@ def start_daemon(
     full_env = {**os.environ, **(env or {})}
     out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(args, env=full_env, stdout=out, stderr=subprocess.STDOUT if out else None)
-    daemon = Daemon(str(socket_path), Path(cache_dir), port, proc, args, dict(env or {}))
+    daemon = Daemon(str(reach_at or socket_path), Path(cache_dir), port, proc, args, dict(env or {}))
     try:
         _wait_until(daemon.healthy, proc, "shardcached", deadline_s)
     except BaseException:

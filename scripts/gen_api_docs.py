@@ -38,6 +38,12 @@ Every request may carry a `Shardcache-Release: lease1,lease2` header (at most 64
 end before the request is served, unknown or expired ones are ignored. A client that opens shards in a
 loop releases the previous shard with its next open, one request per shard.
 
+A client process may start a session (`POST /v1/sessions`) and keep that request's connection open for
+its life; the leases and plans of requests that name the session (`"session": id`) end with that
+connection, so the daemon releases a dead process's leases within moments even where it cannot see the
+process (a trainer pod in another PID namespace). Requests that name no session belong to the process the
+socket's credentials name (`SO_PEERCRED`), where the daemon can see it, and to the lease TTL otherwise.
+
 Errors are JSON `{"error": code, "detail": text}`; the detail names the URL, lease or plan and says what
 to do. A client treats 503 `shutting_down` as "the daemon is restarting": it waits, re-probes the socket
 and opens again.

@@ -160,6 +160,7 @@ def daemon_factory(short_tmp: Path, tmp_path: Path) -> Iterator[Callable[..., Da
         socket_path: Path | None = None,
         env: dict[str, str] | None = None,
         wrapper: Sequence[str] = (),
+        reach_at: Path | None = None,
     ) -> Daemon:
         daemon = start_daemon(
             socket_path or short_tmp / f"d{len(started)}.sock",
@@ -170,6 +171,7 @@ def daemon_factory(short_tmp: Path, tmp_path: Path) -> Iterator[Callable[..., Da
             env=env,
             log=tmp_path / f"daemon{len(started)}.log",
             wrapper=wrapper,
+            reach_at=reach_at,
         )
         started.append(daemon)
         return daemon

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
+from starlette.types import Scope
 
 from shardcache_protocol import (
     MAX_URL_LENGTH,
@@ -35,18 +36,22 @@ from shardcache_protocol import (
     PrefetchRequest,
     ReleaseRequest,
     Revalidated,
+    SessionGrant,
+    SessionRequest,
     ShardList,
     Stats,
     TelemetryReport,
     TelemetrySummary,
 )
 from shardcached import __version__
-from shardcached.errors import NotFound
+from shardcached.errors import NotFound, ShuttingDown
 from shardcached.hotpath import answer_open, answer_release
 from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
+from shardcached.pins import session_job
 from shardcached.planbody import read_plan, read_prefetch
 from shardcached.service import ShardService
+from shardcached.sessions import SessionResponse
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
 
@@ -143,6 +148,34 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         `detail` while the daemon cannot serve (its cache directory vanished and is not recreated yet)."""
         return health_answer(service.cache_dir.problem)
 
+    @router.post(
+        "/sessions",
+        response_class=SessionResponse,
+        responses={
+            200: {
+                "model": SessionGrant,
+                "description": "The grant, as the first line of an answer that stays open",
+            },
+            **_errors(422, 503),
+        },
+        summary="Start a session that ends with this connection",
+    )
+    async def start_session(body: SessionRequest) -> SessionResponse:
+        """A client process starts one session and keeps this request's connection open for its life: the
+        answer's first line is the grant (JSON), and the answer never ends while the connection stays open.
+        Opens and plan registrations that name the session (`session`, on any connection) belong to it:
+        when this connection closes (the process exited, however it died, in any PID namespace), their
+        leases end at once and their plans after a few seconds unless another process registers them
+        again. A request naming a session that ended is refused with 404 `unknown_session`."""
+        if service.closing:
+            raise ShuttingDown("the daemon is shutting down; start a session with the next one")
+
+        def job(scope: Scope) -> str | None:
+            peer = scope.get(PEER_SCOPE_KEY)
+            return session_job(peer if isinstance(peer, int) else None, body.pid, body.host)
+
+        return SessionResponse(service.owners.sessions, job)
+
     # Open and release: served by hotpath.HotPath in front of this app; these routes document them and,
     # reached without the middleware, answer through the very same functions.
     @router.post(
@@ -196,22 +229,24 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     @router.post(
         "/plans",
         response_model=PlanResponse,
-        responses=_errors(400, 403, 413, 422),
+        responses=_errors(400, 403, 404, 413, 422),
         openapi_extra=_json_body(PlanRequest),
     )
     async def add_plan(request: Request) -> PlanResponse:
         """Announce the ordered shards one slot of a job reads in one epoch (send the next epoch's too):
         the daemon prefetches the nearest-needed shards across all plans and evicts the one needed last.
-        The plan belongs to the registering process: once it exits, the plan goes after a few seconds
-        unless another process registers it again (the next epoch's DataLoader workers do).
+        The plan belongs to the registering process (its `session`, else the process the socket names):
+        once it exits, the plan goes after a few seconds unless another process registers it again (the
+        next epoch's DataLoader workers do).
         A plan longer than `--max-plan-urls` is refused (413 `plan_too_large`). Answered once the plan's
         head is indexed; the rest of a long plan is indexed in the background within a few seconds.
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]
         body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
+        session = service.owners.sessions.named(body.session)  # 404 unknown_session before registering
         plan = service.indexer.register(body)
-        service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY))
+        service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY), session)
         service.plans_changed()
         return PlanResponse(plan=plan.id)
 
@@ -288,6 +323,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
             room_waits=service.space.room_waits,
             pinned_refusals=service.refusals.get("cache_pinned", 0),
             leases_of_exited=service.owners.leases_of_exited,
+            sessions=len(service.owners.sessions),
             jobs=[JobPins(job=j.job, leases=j.leases, pinned_bytes=j.pinned_bytes) for j in jobs],
         )
 

@@ -8,7 +8,8 @@ the current loop step (`call_soon`) and sent together; a large write (a streamed
 is held and goes out at once, so uvicorn's flow control still sees the real transport's buffer.
 
 The protocol also reads the connected process's pid once per connection (`SO_PEERCRED`, peers.py) and
-puts it in every request's scope under `peers.PEER_SCOPE_KEY`: leases and plans belong to that process.
+puts it in every request's scope under `peers.PEER_SCOPE_KEY`: leases and plans of requests that name no
+session belong to that process, and a session's job is named after it.
 uvicorn has no hook for a connection's credentials; `on_message_begin` is where it builds the scope, and
 tests/daemon/test_peer_leases.py fails if the pid stops arriving.
 """

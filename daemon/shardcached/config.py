@@ -160,7 +160,12 @@ class Settings(BaseSettings):
     retry_backoff_max_s: float = Field(default=5.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=60.0, gt=0)
-    lease_ttl_s: float = Field(default=300.0, gt=0, description="a lease not released by then expires")
+    lease_ttl_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a lease not released by then expires (the last resort: a lease ends when its "
+        "client's session closes, or an older client's process exits)",
+    )
     plan_stale_s: float = Field(
         default=600.0, gt=0, description="a plan with no opens for this long is dropped"
     )

@@ -43,7 +43,9 @@ async def answer_open(service: ShardService, body: bytes, peer: int | None = Non
         if len(body) > MAX_BODY:
             raise BadRequest(f"request body larger than {MAX_BODY} bytes", code="body_too_large")
         request = OpenRequest.model_validate_json(body)
-        grant = await service.open(request.url, request.size, request.checksum, request.plan, peer)
+        grant = await service.open(
+            request.url, request.size, request.checksum, request.plan, peer, request.session
+        )
     except ValidationError as exc:
         return 422, error_body("invalid_request", validation_detail(exc.errors()))
     except DaemonError as exc:

@@ -33,6 +33,9 @@ FETCH_ERROR_KINDS = (
     "remote_changed",
 )
 # Every `reason` an eviction is counted under (space.py's callers), docs/metrics.md's list.
+# Why leases ended without a release: their process exited (seen by pid), their session's connection
+# closed, or their TTL ran out.
+ABANDON_REASONS = ("process_exit", "session_closed", "ttl")
 EVICTION_REASONS = ("capacity", "prefetch", "manual", "stale", "disk_full", "checksum_mismatch", "invalid")
 
 
@@ -116,11 +119,11 @@ class Metrics:
             self.room_waits.labels(reason)
         self.abandoned_leases = Counter(
             "shardcache_abandoned_leases",
-            "Leases ended without a release: the holding process exited, or the lease TTL ran out",
+            "Leases ended without a release: their process exited, their session closed, or the TTL ran out",
             ["reason"],
             registry=registry,
         )
-        for reason in ("process_exit", "ttl"):
+        for reason in ABANDON_REASONS:
             self.abandoned_leases.labels(reason)
         self.cache_dir_losses = Counter(
             "shardcache_cache_dir_losses",

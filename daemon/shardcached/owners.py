@@ -1,9 +1,13 @@
-"""Leases and plans belong to the process that asked for them; what a job may pin is bounded.
+"""Leases and plans belong to the client process that asked for them; what a job may pin is bounded.
 
-The pid comes from the Unix socket (`SO_PEERCRED`, peers.py). When that process exits (an OOM kill, a
-`kill -9` of the trainer or of its process group), its leases end at once and its plans are dropped after
-`PLAN_ORPHAN_GRACE_S` (or `--plan-stale-s`, when shorter): no other job waits for the lease TTL
-(`--lease-ttl-s`, which stays the last resort for peers whose pid is not visible).
+A request names its holder in one of two ways. A client with a session (sessions.py) names it in its
+opens and plan registrations: the holder is gone when the session's connection closes, which the kernel
+does when the process dies, in whatever PID namespace it runs. A client without sessions (an older one)
+is known by the pid the Unix socket gives (`SO_PEERCRED`, peers.py): gone when that process exits, where
+the daemon can see it. When a holder is gone (an OOM kill, a `kill -9` of the trainer or of its process
+group), its leases end at once and its plans are dropped after `PLAN_ORPHAN_GRACE_S` (or
+`--plan-stale-s`, when shorter): no other job waits for the lease TTL (`--lease-ttl-s`, which stays the
+last resort for an older client in a PID namespace the daemon cannot see).
 
 Plans get a grace period, leases none: a DataLoader's workers exit at the end of each epoch and the next
 epoch's workers register the same plans again (the daemon keeps the id and cursor of a plan registered
@@ -24,8 +28,9 @@ from shardcached.errors import InsufficientCapacity
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.peers import PeerWatch
-from shardcached.pins import pid_job
+from shardcached.pins import pid_holder, pid_job
 from shardcached.planner import Planner
+from shardcached.sessions import Session, Sessions
 from shardcached.store import Store
 
 logger = logging.getLogger(__name__)
@@ -37,7 +42,7 @@ PINNED_CODE = "cache_pinned"
 
 
 class Owners:
-    """Files leases and plans under their process, ends them when it exits, and bounds pins per job."""
+    """Files leases and plans under their holder, ends them when it is gone, and bounds pins per job."""
 
     def __init__(
         self,
@@ -55,13 +60,16 @@ class Owners:
         self.max_job_pinned = max_job_pinned
         self._changed = changed
         self.peers = PeerWatch(self._exited, use_pidfd=use_pidfd)
-        self._plans_by_pid: dict[int, set[str]] = {}
+        self.sessions = Sessions(self._session_ended)
+        self._plans_by_holder: dict[str, set[str]] = {}
         self.leases_of_exited = 0
 
-    def job_of(self, plan: str | None, pid: int | None) -> str:
-        """Whose pins an open adds to: its plan's job, else its process."""
+    def job_of(self, plan: str | None, pid: int | None, session: Session | None = None) -> str:
+        """Whose pins an open adds to: its plan's job, else its session's (its process), else its pid's."""
         job = self.planner.job_of(plan) if plan is not None else None
-        return job if job is not None else pid_job(pid)
+        if job is not None:
+            return job
+        return session.job if session is not None else pid_job(pid)
 
     def check_bound(self, job: str, shard: Entry | str) -> None:
         """Refuse one more lease of `shard` when `job` would pin more than `--max-job-pinned`.
@@ -84,36 +92,61 @@ class Owners:
                 code=PINNED_CODE,
             )
 
-    def lease(self, entry: Entry, job: str, pid: int | None) -> str:
-        """Lease `entry` to `job`, held by process `pid`, followed until it exits."""
-        self.peers.watch(pid)
-        return self.store.lease(entry, job, pid)
+    def lease(self, entry: Entry, job: str, pid: int | None, session: Session | None = None) -> str:
+        """Lease `entry` to `job`, held by `session`, else by process `pid` (followed until it exits).
 
-    def plan_added(self, plan_id: str, pid: int | None) -> None:
-        """Process `pid` registered (or registered again) `plan_id`: it is now one of its holders."""
+        Raises:
+            NotFound: 404 `unknown_session`: the session ended while the open waited (its holder is gone).
+        """
+        holder = self._holder(pid, session)
+        return self.store.lease(entry, job, holder)
+
+    def plan_added(self, plan_id: str, pid: int | None, session: Session | None = None) -> None:
+        """`session` (else process `pid`) registered (or registered again) `plan_id`: one of its holders."""
+        holder = self._holder(pid, session)
+        if holder is not None:
+            self._plans_by_holder.setdefault(holder, set()).add(plan_id)
+
+    def _holder(self, pid: int | None, session: Session | None) -> str | None:
+        """What ends a request's leases and plans: its session, else its process where the daemon sees it."""
+        if session is not None:
+            self.sessions.check_live(session)
+            return session.holder
         if self.peers.watch(pid) and pid is not None:
-            self._plans_by_pid.setdefault(pid, set()).add(plan_id)
+            return pid_holder(pid)
+        return None
 
     def sweep(self) -> None:
         """Housekeeping (every second): processes without a pidfd are checked here."""
         self.peers.sweep()
 
+    def begin_shutdown(self) -> None:
+        """End every session's answer, so that uvicorn's graceful shutdown does not wait for them."""
+        self.sessions.close_all()
+
     def close(self) -> None:
         self.peers.close()
 
     def _exited(self, pid: int) -> None:
-        ended = self.store.release_pid(pid)
-        plans = self._plans_by_pid.pop(pid, set())
+        self._gone(pid_holder(pid), "process_exit", f"process {pid} exited")
+
+    def _session_ended(self, session: Session) -> None:
+        self._gone(session.holder, "session_closed", f"the session of {session.job} closed")
+
+    def _gone(self, holder: str, reason: str, what: str) -> None:
+        """`holder` is gone: end its leases now, drop its plans after the grace unless taken over."""
+        ended = self.store.release_holder(holder)
+        plans = self._plans_by_holder.pop(holder, set())
         grace = min(PLAN_ORPHAN_GRACE_S, self.planner.stale_after_s)
         orphaned = sum(self.planner.orphan(plan_id, grace) for plan_id in plans)
         if ended:
             self.leases_of_exited += ended
-            self.metrics.abandoned_leases.labels("process_exit").inc(ended)
+            self.metrics.abandoned_leases.labels(reason).inc(ended)
         if ended or orphaned:
             logger.info(
-                "process %d exited holding %d leases and %d plans: leases ended, plans dropped in %.0f s "
-                "unless another process registers them again",
-                pid,
+                "%s holding %d leases and %d plans: leases ended, plans dropped in %.0f s unless another "
+                "process registers them again",
+                what,
                 ended,
                 orphaned,
                 grace,

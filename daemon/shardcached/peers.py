@@ -13,9 +13,11 @@ holds what the requests lease.
 - where pidfds are refused (old kernels, seccomp profiles), `sweep`, called every second, checks
   `os.kill(pid, 0)` and `/proc/<pid>/stat` (a zombie still answers the signal).
 
-A pid of 0 is a peer in a PID namespace the daemon cannot see (a trainer in another container): nothing is
-tracked, and its leases end by their TTL. Releasing too late is the fallback; releasing a live process's
-leases is never done: only a positive sign of exit (a readable pidfd, ESRCH, a zombie) counts.
+This follows clients that name no session (older ones): a client with a session is followed by its
+session's connection instead (sessions.py), which needs no pid. A pid of 0 is a peer in a PID namespace
+the daemon cannot see (a trainer in another container): nothing is tracked, and an older client's leases
+there end by their TTL. Releasing too late is the fallback; releasing a live process's leases is never
+done: only a positive sign of exit (a readable pidfd, ESRCH, a zombie) counts.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
-"""Who pins what: live leases filed by job and by the process that holds them.
+"""Who pins what: live leases filed by job and by the holder that ends them.
 
 A lease pins its shard: the file stays, and its bytes count against the capacity, until the lease ends.
 The ledger keeps, per job, the distinct shards its leases hold (two leases of one shard pin its bytes
-once), and per process (the pid the Unix socket's `SO_PEERCRED` gave) the ids of its leases, so that the
-leases of a process that exited can all be ended at once (peers.py notices the exit). Pure bookkeeping
-on the event loop: the store calls `added` and `ended` for every lease; the service decides with
-`would_exceed` whether a job may pin one more shard (`--max-job-pinned`).
+once), and per holder the ids of its leases, so that the leases of a holder that is gone can all be ended
+at once. A holder is a client's session (`session <id>`: its connection closed, sessions.py) or, for a
+client without sessions, its process (`pid <n>` from the Unix socket's `SO_PEERCRED`: it exited,
+peers.py). Pure bookkeeping on the event loop: the store calls `added` and `ended` for every lease; the
+service decides with `would_exceed` whether a job may pin one more shard (`--max-job-pinned`).
 
-A job is the `job` of the plan an open names; an open without a plan belongs to `pid <n>` (its process),
-or to `unknown peer` when the process is not visible (another PID namespace, or no socket credentials).
+A job is the `job` of the plan an open names; an open without a plan belongs to its session's job (its
+process, as the session named it), else to `pid <n>` (its process), or to `unknown peer` when neither is
+known (an older client in another PID namespace, or no socket credentials).
 """
 
 from __future__ import annotations
@@ -28,6 +30,22 @@ def pid_job(pid: int | None) -> str:
     return f"pid {pid}" if pid else UNKNOWN_PEER_JOB
 
 
+def session_job(peer: int | None, pid: int | None, host: str | None) -> str | None:
+    """The job of a session's opens that name no plan: its process as the daemon sees it (`pid <n>`, as
+    without a session), else as the client names itself (`pid <n> on <host>`: another PID namespace), else
+    None (the session's own name)."""
+    if peer:
+        return pid_job(peer)
+    if pid is None:
+        return None
+    return f"pid {pid} on {host}" if host else f"pid {pid} in another PID namespace"
+
+
+def pid_holder(pid: int) -> str:
+    """The holder key of the leases a process without a session holds (ended when it exits)."""
+    return f"pid {pid}"
+
+
 @dataclass(eq=False)
 class JobLedger:
     """One job's pins: its live leases and the distinct shards they hold."""
@@ -39,11 +57,11 @@ class JobLedger:
 
 
 class PinLedger:
-    """Live leases by job and by process; the store reports every lease that starts or ends."""
+    """Live leases by job and by holder; the store reports every lease that starts or ends."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, JobLedger] = {}
-        self.by_pid: dict[int, set[str]] = {}
+        self.by_holder: dict[str, set[str]] = {}
 
     def added(self, lease: Lease) -> None:
         ledger = self.jobs.get(lease.job)
@@ -54,8 +72,8 @@ class PinLedger:
         if held == 0:
             ledger.pinned_bytes += lease.entry.size
         ledger.shards[lease.entry] = held + 1
-        if lease.pid:
-            self.by_pid.setdefault(lease.pid, set()).add(lease.id)
+        if lease.holder is not None:
+            self.by_holder.setdefault(lease.holder, set()).add(lease.id)
 
     def ended(self, lease: Lease) -> None:
         ledger = self.jobs.get(lease.job)
@@ -68,16 +86,16 @@ class PinLedger:
                 ledger.pinned_bytes -= lease.entry.size
             if ledger.leases <= 0:
                 del self.jobs[lease.job]
-        if lease.pid:
-            ids = self.by_pid.get(lease.pid)
+        if lease.holder is not None:
+            ids = self.by_holder.get(lease.holder)
             if ids is not None:
                 ids.discard(lease.id)
                 if not ids:
-                    del self.by_pid[lease.pid]
+                    del self.by_holder[lease.holder]
 
-    def leases_of(self, pid: int) -> list[str]:
-        """The ids of the live leases process `pid` holds."""
-        return list(self.by_pid.get(pid, ()))
+    def leases_of(self, holder: str) -> list[str]:
+        """The ids of the live leases `holder` holds."""
+        return list(self.by_holder.get(holder, ()))
 
     def pinned_by(self, job: str) -> int:
         ledger = self.jobs.get(job)

@@ -163,6 +163,7 @@ class ShardService:
         """Refuse new opens and tell downloads to stop; `stop` then waits for them."""
         self._closing = True
         self._cancel.set()
+        self.owners.begin_shutdown()
         self._notify()
 
     @property
@@ -191,24 +192,29 @@ class ShardService:
         checksum: str | None = None,
         plan: str | None = None,
         peer: int | None = None,
+        session: str | None = None,
     ) -> OpenGrant:
-        """Make the shard local, lease it to process `peer` and say where it is (`POST /v1/shards/open`).
+        """Make the shard local, lease it to `session` (else to process `peer`) and say where it is
+        (`POST /v1/shards/open`).
 
         Raises:
             InsufficientCapacity: 507; `cache_pinned` at once when the open's job already pins its bound.
+            NotFound: 404 `unknown_session`: the session named is not open (it ended, or the daemon
+                restarted since it began).
         """
         started = time.perf_counter()
+        live_session = self.owners.sessions.named(session)
         canonical = self.allow.check(url)
         # Recorded on arrival, not once the shard is local: while this open waits on a miss, its plan's
         # cursor must already be past the shard so the prefetch window moves on to what comes next.
         self.planner.record_open(canonical, plan)
         if plan is not None:
             self.prefetcher.wake()  # a hit outside any plan changes no prefetch window
-        job = self.owners.job_of(plan, peer)
+        job = self.owners.job_of(plan, peer, live_session)
         self._within_bound(job, canonical)  # before a download the lease could not follow
         entry, result = await self.acquire(canonical, size, checksum)
         self._within_bound(job, entry)
-        lease = self.owners.lease(entry, job, peer)
+        lease = self.owners.lease(entry, job, peer, live_session)
         self.note_use(entry, result, "path", entry.size)
         self.metrics.open_wait.observe(time.perf_counter() - started)
         return OpenGrant(

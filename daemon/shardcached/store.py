@@ -41,7 +41,7 @@ class Lease:
     entry: Entry
     expires: float
     job: str = UNKNOWN_PEER_JOB  # whose bytes it pins (pins.py)
-    pid: int | None = None  # the process holding it, when the socket could tell (peers.py)
+    holder: str | None = None  # what ends it when gone: a session or a visible process (pins.py)
 
 
 class Residency(Protocol):
@@ -318,18 +318,18 @@ class Store:
     def lease_count(self) -> int:
         return len(self._leases)
 
-    def lease(self, entry: Entry, job: str = UNKNOWN_PEER_JOB, pid: int | None = None) -> str:
-        """Pin `entry` for `job`, held by process `pid` (None: unknown; only the TTL then ends it)."""
+    def lease(self, entry: Entry, job: str = UNKNOWN_PEER_JOB, holder: str | None = None) -> str:
+        """Pin `entry` for `job`, held by `holder` (pins.py; None: unknown, only the TTL then ends it)."""
         lease_id = secrets.token_hex(12)
-        lease = Lease(lease_id, entry, self._clock() + self.lease_ttl_s, job, pid)
+        lease = Lease(lease_id, entry, self._clock() + self.lease_ttl_s, job, holder)
         self._leases[lease_id] = lease
         entry.leases += 1
         self.pins.added(lease)
         return lease_id
 
-    def release_pid(self, pid: int) -> int:
-        """End every lease process `pid` holds (it exited); returns how many."""
-        ids = self.pins.leases_of(pid)
+    def release_holder(self, holder: str) -> int:
+        """End every lease `holder` holds (it is gone); returns how many."""
+        ids = self.pins.leases_of(holder)
         for lease_id in ids:
             lease = self._leases.pop(lease_id, None)
             if lease is not None:

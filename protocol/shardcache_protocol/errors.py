@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 STATUS_MEANINGS: dict[int, str] = {
     400: "Malformed URL, checksum, range or body",
     403: "The URL is outside the daemon's allow-list (after canonicalisation)",
-    404: "The remote object, lease, plan or resident shard does not exist",
+    404: "The remote object, lease, plan, session or resident shard does not exist",
     405: "The method is not allowed on this path",
     413: "The plan names more urls than the daemon's bound (`--max-plan-urls`)",
     422: "The body or query does not match the schema",
@@ -36,6 +36,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "remote_not_found": (404, "the remote object does not exist"),
     "unknown_lease": (404, "the lease is unknown or expired; open the shard again"),
     "unknown_plan": (404, "the plan is unknown (deleted, or dropped as stale)"),
+    "unknown_session": (404, "the session ended (its connection closed, or the daemon restarted); start one"),
     "not_resident": (404, "the shard is not in the cache"),
     "internal": (500, "a bug or an unexpected state; see the daemon's log"),
     "remote_failed": (502, "the remote failed after the daemon's retries"),

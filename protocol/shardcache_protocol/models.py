@@ -20,6 +20,12 @@ MAX_REPORT_STAGES = 64
 # bound keeps every sum finite (an infinite total would not even serialise as a JSON number).
 MAX_REPORT_SECONDS = 1e9
 StageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")]
+# A session id as the daemon hands it out (`SessionGrant.session`), named by the opens and plans it owns.
+SessionId = Annotated[
+    str,
+    Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$", description="the session that holds it"),
+]
+SESSIONS_PATH = "/v1/sessions"
 
 
 # Pydantic describes a dict with patterned keys as `patternProperties`, which lets a key outside the pattern
@@ -65,6 +71,10 @@ class OpenRequest(_Request):
     size: int | None = Field(default=None, ge=0, description="expected size in bytes (checked)")
     checksum: str | None = Field(default=None, max_length=200, description="'<algo>:<hex>', e.g. 'sha256:…'")
     plan: str | None = Field(default=None, max_length=128, description="the plan this open advances")
+    # Sent only to a daemon that granted a session (an older one refuses the field, and has no sessions).
+    session: SessionId | None = Field(
+        default=None, description="the session (`POST /v1/sessions`) that holds the lease; it ends with it"
+    )
 
 
 class OpenGrant(_Answer):
@@ -94,6 +104,34 @@ class PlanRequest(_Request):
     epoch: int = Field(ge=0)
     # Bounded by the daemon's `--max-plan-urls` (413 plan_too_large beyond), not by the schema.
     urls: list[ShardUrl]
+    session: SessionId | None = Field(
+        default=None, description="the session (`POST /v1/sessions`) that holds the plan; it ends with it"
+    )
+
+
+class SessionRequest(_Request):
+    """`POST /v1/sessions`: start a session, which lasts as long as this request's connection stays open.
+
+    `pid` and `host` are the client's own view of itself (its pid in its own PID namespace, its host
+    name: a pod's name), shown as the job of its opens that name no plan; the daemon trusts them for
+    nothing else.
+    """
+
+    pid: int | None = Field(default=None, ge=1, le=2**31, description="the client process's own pid")
+    host: str | None = Field(
+        default=None, max_length=253, pattern=r"^[\x21-\x7e]*$", description="the client's host name"
+    )
+
+
+class SessionGrant(_Answer):
+    """The first line of `POST /v1/sessions`'s answer, whose body then stays open: the session's id.
+
+    Leases and plans whose request names the session end when its connection closes (the client process
+    exited, or hung up on purpose), whatever PID namespace the client runs in.
+    """
+
+    session: str = Field(description="name it as `session` in opens and plan registrations")
+    job: str = Field(description="the job of this session's opens that name no plan (pin accounting)")
 
 
 class PlanResponse(_Answer):
@@ -165,8 +203,9 @@ class Stats(_Answer):
     room_waits: int = Field(default=0, description="opens that waited for room (`--evict-wait-s`)")
     pinned_refusals: int = Field(default=0, description="opens refused at once: 507 `cache_pinned`")
     leases_of_exited: int = Field(
-        default=0, description="leases ended because the process holding them exited"
+        default=0, description="leases ended because the process holding them exited or closed its session"
     )
+    sessions: int = Field(default=0, description="open sessions (client processes holding a connection)")
     jobs: list[JobPins] = Field(default_factory=list, description="pins per job, largest first")
 
 

@@ -1,8 +1,9 @@
 """Leases and plans follow the process that holds them; one job cannot pin the whole cache.
 
 Real daemon, real trainer processes (lease_holder.py opens shards through `DaemonClient` and blocks), real
-SIGKILL. Lease TTLs stay at their 300 s default: whatever ends the pins here is the holder's exit or the
-per-job bound, never the TTL. Times are measured and printed (docs/benchmarks.md quotes them).
+SIGKILL. Lease TTLs stay at their 300 s default: whatever ends the pins here is the holder's exit (its
+session's connection closing, or for a client without sessions its pid's exit) or the per-job bound,
+never the TTL. Times are measured and printed (docs/benchmarks.md quotes them).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import pytest
 
 from harness.daemon_api import api, metric
 from harness.devservers import Daemon
+from harness.namespaces import require_namespaces, stop_namespaced
 from harness.polling import wait_for
 from harness.shards import make_tar_shard
-from harness.tools import require_tool, unavailable
 from shardcache.daemon_access.daemon_client import DaemonClient
 
 HOLDER = Path(__file__).parents[2] / "harness" / "lease_holder.py"
@@ -118,44 +119,38 @@ def test_kill_9_of_a_trainer_releases_its_pins_and_plans_within_seconds(
     assert other < 5.0  # not one open waited --evict-wait-s
     stats = client.stats()
     assert stats.hits + stats.misses == 4 + 6  # every shard went through the cache
-    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 4
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 4
     with api(daemon) as http:  # the plan goes after its grace period (5 s) unless taken over
         wait_for(lambda: http.get("/v1/stats").json()["plans"] == 0, "the killed trainer's plan to go", 10)
 
 
-def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_keeps_its_pins_until_the_lease_ttl(
+def test_a_trainer_in_a_pid_namespace_the_daemon_cannot_see_has_its_pins_released_within_seconds(
     daemon_factory: Callable[..., Daemon],
     shards: list[str],
     holders: list[subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
     # A DaemonSet pod beside trainer pods: the daemon lives in its own PID namespace, so SO_PEERCRED gives
-    # pid 0 for a trainer outside it. The daemon cannot follow that process (nor mistake another process
-    # with the same number for it): its leases end by the TTL, the documented last resort.
-    unshare = require_tool("unshare")
-    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        unavailable(f"cannot create a PID namespace (root or user namespaces needed): {probe.stderr.strip()}")
+    # pid 0 for a trainer outside it and the daemon cannot follow its pid. It follows its session instead:
+    # the kernel closes the session's connection when the trainer dies. The TTL stays at 300 s.
+    unshare = require_namespaces()
     daemon = daemon_factory(
         allow=[str(Path(shards[0]).parent)],
         capacity=_capacity(shards, 4),
-        extra_args=["--max-job-pinned", "100%", "--lease-ttl-s", "3"],
+        extra_args=["--max-job-pinned", "100%"],
         wrapper=[unshare, "--pid", "--fork", "--kill-child=SIGTERM"],
     )
     try:
         (pid,) = start_holder(holders, daemon, shards[:2], tmp_path, "--plan", "unseen-job")
         assert pinned_shards(daemon) == 2
-        os.kill(pid, signal.SIGKILL)
+        seconds = released_within(daemon, lambda: os.kill(pid, signal.SIGKILL), 5.0)
+        print(f"\nkill -9 of a trainer in another PID namespace: pins released after {seconds:.2f} s")
+        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 2
+        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 0
         with api(daemon) as http:
-            wait_for(lambda: http.get("/v1/stats").json()["leases"] == 0, "the TTL to end the leases", 30)
-        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="ttl"') == 2
-        assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 0
+            wait_for(lambda: http.get("/v1/stats").json()["plans"] == 0, "the killed trainer's plan to go")
     finally:
-        # `unshare --fork` ignores SIGTERM itself (its child is to handle it): stop the daemon directly.
-        wrapper = daemon.process.pid
-        for child in Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split():
-            os.kill(int(child), signal.SIGTERM)
-        daemon.process.wait(15)
+        assert stop_namespaced(daemon) == 0
 
 
 def test_kill_9_of_a_trainers_process_group_releases_every_member_s_pins(
@@ -227,3 +222,27 @@ def test_an_open_that_only_pins_block_is_refused_at_once_and_the_client_reads_di
         == 2 * Path(shards[0]).stat().st_size
     )
     assert metric(daemon, "shardcache_leases", 'training_job="job-b"') == 2
+
+
+def test_a_client_without_sessions_is_still_followed_by_its_pid(
+    daemon_factory: Callable[..., Daemon],
+    shards: list[str],
+    holders: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    # A trainer with a client from before sessions: its requests name none, and the daemon, which sees
+    # its pid on the socket, ends its leases when that process exits.
+    daemon = daemon_factory(
+        allow=[str(Path(shards[0]).parent)],
+        capacity=_capacity(shards, 4),
+        extra_args=["--max-job-pinned", "100%"],
+    )
+    pids = start_holder(holders, daemon, shards[:4], tmp_path, "--fork-half", "--without-session")
+    with api(daemon) as http:
+        stats = http.get("/v1/stats").json()
+    assert (stats["sessions"], stats["leases"]) == (0, 4)
+    assert {job["job"] for job in stats["jobs"]} == {f"pid {pid}" for pid in pids}
+
+    released_within(daemon, lambda: os.killpg(pids[0], signal.SIGKILL), 5.0)
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="process_exit"') == 4
+    assert metric(daemon, "shardcache_abandoned_leases_total", 'reason="session_closed"') == 0

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from shardcache.daemon_access.control import ControlClient
 from shardcache.daemon_access.discovery import Discovery, rediscover
+from shardcache.daemon_access.session import Session, session_for
 from shardcache.daemon_access.transport import Transport
 from shardcache.errors import START_DAEMON, ConfigError, DaemonError, DaemonRequestError, DaemonUnavailable
 from shardcache_protocol import API_PREFIX
@@ -60,6 +61,7 @@ class DaemonAvailability:
     restart_wait_s: float
     _transport: Transport
     _control: ControlClient
+    _session: Session
     _state_lock: threading.Lock
     _down_at: float | None
     _seen_up: bool
@@ -151,6 +153,7 @@ class DaemonAvailability:
             logger.info("shardcached socket found at %s (was %s)", found.socket, self.socket)
             self.discovery, self.socket = found, found.socket
             self._transport.socket_path = self._control.socket_path = found.socket
+            self._session = session_for(found.socket)
 
     def _went_down(self, exc: DaemonError) -> None:
         """No daemon to go on with: raise (`required`), or read directly and warn once (`auto`)."""

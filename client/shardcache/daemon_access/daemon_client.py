@@ -6,7 +6,8 @@ read lazily on the next request. Everything else (plans, stats, listings, prefet
 is control plane and goes through httpx (`control`).
 
 Around the facade: `availability` (whether the daemon answers; waiting out its restarts), `direct` (reading
-shards without it) and `open_wire` (the open's grant and the connection count behind `generation`).
+shards without it), `open_wire` (the open's grant and the connection count behind `generation`) and
+`session` (the connection whose end tells the daemon this process is gone, so its leases end with it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, Literal, cast
 
 from shardcache import forksafe
@@ -34,6 +35,7 @@ from shardcache.daemon_access.direct import (
 )
 from shardcache.daemon_access.discovery import SYSTEM_SOCKET, Discovery, discover
 from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
+from shardcache.daemon_access.session import session_for
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
 from shardcache.node import JSONObject, JSONValue
@@ -60,6 +62,10 @@ PIGGYBACK_WITHIN_S = 0.25
 
 class DaemonClient(DaemonAvailability):
     """A connection to the node's `shardcached`, safe to share across threads and to copy into workers.
+
+    What a process opens through its clients ends with the process: each process holds one session with
+    the daemon (`daemon_access.session`), a connection kept open for its life whose end the daemon sees
+    in whatever PID namespace the process runs, so a killed trainer's open shards are released at once.
 
     Args:
         socket: the daemon's Unix socket; default `SHARDCACHE_SOCKET`, else the system daemon's socket
@@ -124,6 +130,7 @@ class DaemonClient(DaemonAvailability):
     def _setup(self) -> None:
         self._transport = CountingTransport(self.socket, self.timeout, f"{_V1}/shards/release")
         self._control = ControlClient(self.socket, self.timeout)
+        self._session = session_for(self.socket)
         self._state_lock = threading.Lock()
         self._down_at = None  # the daemon's state as this client sees it (see DaemonAvailability)
         self._seen_up = False
@@ -216,9 +223,13 @@ class DaemonClient(DaemonAvailability):
         if checksum is not None:
             body["checksum"] = checksum
         path = f"{_V1}/shards/open"
+
+        def send(session: str | None) -> Response:
+            return self._transport.request("POST", path, {**body, "session": session} if session else body)
+
         try:
             grant = self._through_restarts(
-                lambda: parse_grant(self._transport.request("POST", path, body).raise_for_status(url), url)
+                lambda: parse_grant(self._in_session(send).raise_for_status(url), url)
             )
         except InsufficientCapacity as exc:
             self._cannot_fit(url, exc)
@@ -314,6 +325,21 @@ class DaemonClient(DaemonAvailability):
         else:
             self._transport.send_deferred("POST", f"{_V1}/shards/release", {"lease": lease})
 
+    def _in_session(self, send: Callable[[str | None], Response]) -> Response:
+        """`send(session)`'s answer, naming this process's session (None with a daemon that has none).
+
+        An error answer to a request that named a session is checked: when the daemon no longer knows the
+        session (it restarted: 404 `unknown_session`) or ended it (it stopped), the request is sent again
+        in a new session. A lease or plan is never taken outside a session the daemon knows, so it always
+        ends with this process.
+        """
+        session = self._session.current(self.timeout)
+        answer = send(session)
+        if session is not None and answer.status >= 400 and self._session.gone(answer):
+            self._session.lost(session)
+            answer = send(self._session.current(self.timeout))
+        return answer
+
     # -- connections (availability and restarts: `availability`) ------------------------------
 
     @property
@@ -356,14 +382,18 @@ class DaemonClient(DaemonAvailability):
             DaemonUnavailable: no daemon answers and `required=True`.
             BadRequest: the daemon rejected the plan.
         """
-        body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
+        body: dict[str, object] = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
+
+        def register(session: str | None) -> Response:
+            named = {**body, "session": session} if session else body
+            return self._control.request("POST", f"{_V1}/plans", named, headers=self._held_releases())
 
         def send() -> Response:
             # The plan belongs to the current `generation`: the open path's connection is made first, so the
             # open that follows this registration does not look like a reconnect to a restarted daemon.
             if not ahead:
                 self._transport.connect()
-            return self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+            return self._in_session(register)
 
         answer = self._through_restarts(lambda: send().raise_for_status())
         if answer is None:
@@ -426,7 +456,10 @@ class DaemonClient(DaemonAvailability):
         return Health.model_validate(self._call("GET", f"{_V1}/health"))
 
     def close(self) -> None:
-        """Close this thread's connection to the daemon (other threads' close when the threads end)."""
+        """Close this thread's connection to the daemon (other threads' close when the threads end).
+
+        The process's session stays (`session`): the plans this client registered stay with the process,
+        and the daemon ends what the process still holds when the process ends."""
         self._transport.close()
         self._control.close()
 

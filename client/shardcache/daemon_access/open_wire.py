@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pydantic
 
 from shardcache.daemon_access.transport import Response, Transport, _Connection
 from shardcache.errors import DaemonError
 from shardcache_protocol import OpenGrant
+
+_Answer = TypeVar("_Answer", bound=pydantic.BaseModel)
 
 
 class CountingTransport(Transport):
@@ -41,13 +45,22 @@ def parse_grant(answer: Response, url: str) -> OpenGrant:
     built from the dict 2.2 us), so the typed grant costs the open nothing (`bench/bench_open_latency.py`
     shows the same latency before and after).
     """
+    return read_answer(OpenGrant, answer.body, f"the open of {url}")
+
+
+def read_answer(model: type[_Answer], body: bytes, what: str) -> _Answer:
+    """`body` as the answer `model` to `what` (a request, in words).
+
+    Raises:
+        DaemonError: the body is not that model: a daemon of another version, named with what to do.
+    """
     try:
-        return OpenGrant.model_validate_json(answer.body)
+        return model.model_validate_json(body)
     except pydantic.ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, error['loc'])) or 'body'}: {error['msg']}" for error in exc.errors()
         )
         raise DaemonError(
-            f"shardcached answered the open of {url} with a grant this client cannot read ({problems}); "
+            f"shardcached answered {what} with a {model.__name__} this client cannot read ({problems}); "
             "run the same shardcache version in the daemon and the trainer"
         ) from exc

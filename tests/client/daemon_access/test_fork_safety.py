@@ -2,7 +2,8 @@
 
 1. A forked DataLoader worker imports nothing: everything its code path uses was imported in the trainer.
 2. A fork waits until our background threads are idle (`background_work`), and they wait for the fork.
-3. A forked child's ControlClient does not inherit its parent's lock or pooled connections.
+3. A forked child's ControlClient does not inherit its parent's lock or pooled connections, nor its
+   session (the child closes its copy of the parent's session socket and starts its own).
 4. The control plane builds no TLS context (it speaks plain HTTP on a Unix socket).
 """
 
@@ -22,28 +23,16 @@ import pytest
 
 from harness.devservers import Daemon
 from harness.pipelines import make_tars
+from harness.polling import wait_child
 from harness.watchdog import run_watched
 from shardcache import forksafe
 from shardcache.daemon_access.control import NO_TLS, ControlClient
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.daemon_access.direct import DiskFullMemory
+from shardcache.daemon_access.session import session_for
 
 REPO = Path(__file__).resolve().parents[3]
-CHILD_TIMEOUT_S = 30.0
 REAL_SSL_CONTEXT = ssl.SSLContext
-
-
-def wait_child(pid: int, timeout_s: float = CHILD_TIMEOUT_S) -> int:
-    """The exit status of a forked child; a child still running at the deadline is killed and fails."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)  # polling a child process's exit
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child {pid} hung (killed after {timeout_s:g}s)")
 
 
 @pytest.fixture
@@ -150,6 +139,27 @@ def test_a_forked_child_does_not_inherit_the_control_clients_lock(daemon: Daemon
     assert fork_while_held(control._lock, lambda: control.request("GET", "/v1/health").status == 200) == 0
     assert control.request("GET", "/v1/health").status == 200  # the parent's client still works
     control.close()
+
+
+def test_a_forked_child_opens_in_its_own_session_even_if_the_parent_s_was_being_started(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    # A trainer thread starting the process's session (its lock held) while a DataLoader worker forks:
+    # the worker does not wait on that lock, and starts a session of its own, not the parent's.
+    shard = tmp_path / "shard.bin"
+    shard.write_bytes(b"x" * 1024)
+    client = DaemonClient(daemon.socket, required=True)
+    session = session_for(daemon.socket)
+    with client.open(str(shard)):
+        parent_session = session.current(5.0)
+
+    def child_opens_in_a_new_session() -> bool:
+        with client.open(str(shard)):
+            return session.current(5.0) not in (None, parent_session)
+
+    assert fork_while_held(session._lock, child_opens_in_a_new_session) == 0
+    assert session.current(5.0) == parent_session  # the parent's session lives on
+    client.close()
 
 
 class _NoTLSAllowed(ssl.SSLContext):

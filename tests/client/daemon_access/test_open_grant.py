@@ -18,14 +18,21 @@ import pytest
 from harness.shards import ShardSet
 from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import DaemonError
-from shardcache_protocol import OpenGrant
+from shardcache_protocol import SESSIONS_PATH, OpenGrant
 
 
 class _NotAGrant(http.server.BaseHTTPRequestHandler):
+    """A daemon of another version: without sessions (404), and with an open answer that is no grant."""
+
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == SESSIONS_PATH:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = b'{"path": "/somewhere", "lease": 7}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
