@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 # torch's worker loop seeds numpy.random: imported here, in the trainer, never first in a forked worker.
 import numpy.random  # noqa: F401
 
+from shardcache.context import torch_worker_id
 from shardcache.dataset import Dataset
 from shardcache.loader.fork_memory import frozen_for_fork
 from shardcache.loader.watchdog import register_worker
@@ -122,6 +123,18 @@ class WorkerStream:
         self.run_dir = run_dir
         self.persistent = persistent
 
+    def resumed(self, states: Mapping[int, State], exhausted: frozenset[int]) -> EpochOrder:
+        """This stream's order with the workers' positions `states` and the `exhausted` workers: what
+        workers started now read. The order's own states start workers that have no position yet (an
+        elastic resume hands every new worker the same start state); a worker's own position, once it has
+        one, wins."""
+        order = self.order
+        return EpochOrder(order.epoch, {**order.states, **states}, exhausted, self.dataset.run_facts)
+
+    def with_order(self, order: EpochOrder, run_dir: str | None) -> WorkerStream:
+        """The same stream reading `order`, its workers registered in `run_dir` (None: not registered)."""
+        return WorkerStream(self.dataset, self.batch_size, self.collate_fn, self.drop_last, order, run_dir)
+
     def _current_order(self) -> EpochOrder:
         if not self.persistent or self.run_dir is None:
             return self.order
@@ -133,9 +146,10 @@ class WorkerStream:
         # `shardcache.forksafe`); here it is already loaded, in every worker.
         import torch.utils.data as data
 
-        info = data.get_worker_info()
-        wid = 0 if info is None else int(info.id)
-        if info is not None and self.run_dir is not None:
+        # A worker process, or a thread running as one (`shardcache.loader.threads`); None: no workers.
+        worker = torch_worker_id()
+        wid = 0 if worker is None else worker
+        if worker is not None and self.run_dir is not None:
             register_worker(self.run_dir, wid)
         order = self._current_order()
         if wid in order.exhausted:
@@ -200,19 +214,12 @@ class WorkerLauncher:
 
     def __call__(self, states: dict[int, State], exhausted: frozenset[int]) -> Iterator[Item]:
         base = self.stream
-        # The base order's states start workers that have no position yet (an elastic resume hands every
-        # new worker the same start state); a worker's own position, once it has one, wins.
-        order = EpochOrder(
-            base.order.epoch, {**base.order.states, **states}, exhausted, base.dataset.run_facts
-        )
+        order = base.resumed(states, exhausted)
         home = self.home
         if home is not None and home.persistent:
             loader = home.loader_for(base, order, self.num_workers, self.loader_kwargs)
         else:
-            stream = WorkerStream(
-                base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
-            )
-            loader = _dataloader(stream, self.num_workers, self.loader_kwargs)
+            loader = _dataloader(base.with_order(order, base.run_dir), self.num_workers, self.loader_kwargs)
         with frozen_for_fork():  # iter() forks the workers (the first time, when they persist)
             return iter(loader)
 
