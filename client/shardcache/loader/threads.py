@@ -376,6 +376,23 @@ os.register_at_fork(
 )
 
 
+# How TorchLoader's workers run: "processes", torch DataLoader worker processes; "threads", threads of the
+# trainer's process (this module). The same slots, orders and resume states either way.
+WORKER_MODES = ("processes", "threads")
+WORKERS_ENV = "SHARDCACHE_LOADER_WORKERS"
+
+
+def worker_mode(given: str | None) -> str:
+    """The mode of a TorchLoader's workers: `given`, else `SHARDCACHE_LOADER_WORKERS`, else "processes"
+    (a job switches every loader it builds, framework recipes included, without a code change)."""
+    name, value = "workers", given
+    if given is None:
+        name, value = WORKERS_ENV, os.environ.get(WORKERS_ENV) or "processes"
+    if value not in WORKER_MODES:
+        raise ConfigError(f"{name}={value!r}: expected one of {WORKER_MODES}")
+    return value
+
+
 def thread_options(kwargs: dict[str, Any]) -> ThreadOptions:
     """The thread workers' options from TorchLoader's DataLoader arguments (`kwargs` as the DataLoader would
     get them); ConfigError for an argument that means nothing without worker processes."""

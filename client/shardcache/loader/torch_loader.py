@@ -28,7 +28,7 @@ from shardcache.loader.stream import (
     WorkerStream,
     torch_data,
 )
-from shardcache.loader.threads import ThreadLauncher, thread_options
+from shardcache.loader.threads import ThreadLauncher, thread_options, worker_mode
 from shardcache.loader.watchdog import (
     _UNSET,
     StallWatchdog,
@@ -59,9 +59,6 @@ logger = logging.getLogger(__name__)
 _WORKER_ONLY_KWARGS = ("prefetch_factor", "persistent_workers", "multiprocessing_context")
 # "rank": state_dict() is this rank's own position; "job": every rank's, gathered (`shardcache.resume.job`).
 STATE_SCOPES = ("rank", "job")
-# How the workers run: "processes", torch DataLoader worker processes; "threads", threads of the trainer's
-# process (`shardcache.loader.threads`). The same slots, orders and resume states either way.
-WORKER_MODES = ("processes", "threads")
 
 
 def _check_scope(name: str, scope: str) -> None:
@@ -91,7 +88,8 @@ class TorchLoader:
         collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
             `default_collate` for batches, and samples as they are without a batch size (numpy arrays stay
             numpy, as in mvp-dataset; a plain DataLoader would make them tensors).
-        workers: How the workers run. "processes" (the default): torch DataLoader worker processes; every
+        workers: How the workers run (default: `SHARDCACHE_LOADER_WORKERS`, else "processes").
+            "processes": torch DataLoader worker processes; every
             batch crosses to the trainer through shared memory and a pickle. "threads": threads of the
             trainer's process; batches reach the training loop as built, no copy, and no process starts.
             Threads win where the stages release the GIL (reading, image decode, numpy and torch
@@ -100,6 +98,10 @@ class TorchLoader:
             (a state taken in one resumes in the other). Threads honour prefetch_factor, pin_memory (on a
             thread of its own), pin_memory_device, timeout and worker_init_fn (called on each worker thread);
             they share the process, so a stage's globals (random generators, caches) are shared too.
+        shared_ring: Worker processes hand their batches' tensors and numpy arrays over through a
+            shared-memory ring each worker allocates once (`shardcache.loader.ring`): one copy per batch, no
+            new segment or descriptor per batch. Off (False) it is torch's own path; with pin_memory=True
+            it is off (pinning copies each batch anyway). Thread workers need neither.
         stall_warning_s: Seconds the main process may wait for an item before one warning names the
             worker it waits for and where every worker is (`shardcache.loader.watchdog`); 0 or None turns
             it off. Default: `SHARDCACHE_STALL_WARNING_S`, else 300.
@@ -129,7 +131,8 @@ class TorchLoader:
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         *,
-        workers: str = "processes",
+        workers: str | None = None,
+        shared_ring: bool = True,
         stall_warning_s: float | None | object = _UNSET,
         state_scope: str = "rank",
         _stages: Sequence[Stage] = (),
@@ -143,8 +146,7 @@ class TorchLoader:
         if batch_size is not None:
             positive_int("batch_size", batch_size)
         _check_scope("state_scope", state_scope)
-        if workers not in WORKER_MODES:
-            raise ConfigError(f"workers={workers!r}: expected one of {WORKER_MODES}")
+        workers = worker_mode(workers)
         if workers == "threads" and not isinstance(dataset, Dataset) and num_workers > 0:
             raise ConfigError(
                 "TorchLoader(workers='threads') runs a shardcache.Dataset's slots on threads; a plain "
@@ -162,6 +164,7 @@ class TorchLoader:
         self.stages: tuple[Stage, ...] = tuple(_stages)
         self.state_scope = state_scope
         self.workers = workers
+        self.shared_ring = shared_ring
         self._live = LiveState()
         # Set by a framework integration (`checkpoint_with`): items its loop fetched ahead of the step it
         # checkpoints, and how many positions back the iterator keeps for it.
@@ -186,6 +189,7 @@ class TorchLoader:
             self.batch_size,
             self.collate_fn,
             workers=self.workers,
+            shared_ring=self.shared_ring,
             stall_warning_s=self.stall_warning_s,
             state_scope=self.state_scope,
             _stages=(*self.stages, stage),
@@ -372,7 +376,10 @@ class TorchLoader:
         home = self._workers_home()
         run_dir = None if home is None else home.run_dir
         order = EpochOrder(ctx.epoch, worker_states)
-        stream = WorkerStream(self.dataset, self.batch_size, self.collate_fn, drop_last, order, run_dir)
+        ring = self.shared_ring and home is not None and not self.loader_kwargs.get("pin_memory", False)
+        stream = WorkerStream(
+            self.dataset, self.batch_size, self.collate_fn, drop_last, order, run_dir, ring=ring
+        )
         # The launcher holds no reference back to this TorchLoader: an iterator dropped unfinished is then
         # freed (and its workers stopped, unless they persist) by reference counting, not by a later
         # garbage collection.

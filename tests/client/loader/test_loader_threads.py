@@ -250,3 +250,15 @@ def test_a_plain_dataloader_forked_while_worker_threads_read_finishes(tars: list
     assert Counter(plain) == ALL_KEYS
     assert sum(len(batch) for batch in it) > 0
     wait_for(lambda: worker_threads() == [], "the worker threads to end", DEADLINE_S)
+
+
+def test_the_environment_variable_sets_the_default_mode(
+    tars: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDCACHE_LOADER_WORKERS", "threads")
+    ds = Dataset.from_source("tars", tars, daemon=None)
+    assert TorchLoader(ds, num_workers=2).workers == "threads"
+    assert TorchLoader(ds, num_workers=2, workers="processes").workers == "processes", "the argument wins"
+    monkeypatch.setenv("SHARDCACHE_LOADER_WORKERS", "fibers")
+    with pytest.raises(ConfigError, match="SHARDCACHE_LOADER_WORKERS='fibers'"):
+        TorchLoader(ds, num_workers=2)
