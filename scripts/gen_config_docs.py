@@ -64,7 +64,9 @@ names the job in plans and telemetry (default: the script's name and a hash of t
 `SHARDCACHE_RESTART_WAIT_S` is how long a trainer waits for a restarting daemon (default 30 s; see
 deploy.md, "Restarts and upgrades"). `SHARDCACHE_STALL_WARNING_S` is how long a TorchLoader waits for an item
 before it logs which DataLoader worker it waits for and where every worker is (default 300 s, 0 turns it
-off; see troubleshooting.md, "A loader that stalls").
+off; see troubleshooting.md, "A loader that stalls"). `SHARDCACHE_LOADER_WORKERS` (`processes` or `threads`)
+is how a TorchLoader runs its workers when its `workers=` argument is not given (default `processes`; see
+loader.md).
 
 ### Trainer-side variables of the pipeline, and mvp-dataset's aliases
 
