@@ -8,11 +8,15 @@ segment at its first batch, `SLOTS` slots of the batch's size (rounded up), send
 slot: one copy, the message that crosses the pipe holds only offsets, and the trainer's tensors are views of
 the slot, with no new mapping.
 
-A slot belongs to one side at a time, so no lock: its flag byte (in the segment's header) is 0 while the
-worker owns it and 1 from when the worker has filled it until the trainer has dropped every tensor of that
-batch (`_SlotLease`: the views hold it, and its finaliser writes the 0). A worker that finds no free slot
-(the training loop still holds them) or a batch larger than a slot hands that batch to torch as before, so
-it never waits on the trainer; a batch too large for the slots makes the worker allocate a larger segment.
+A slot belongs to one side at a time, so no lock: its flag byte (in the segment's header) is `FREE` while
+the worker owns it, `FILLED` from when the worker has filled it until the trainer takes the batch,
+`HELD` until the trainer has dropped every tensor of that batch (`_SlotLease`: the views hold it, and its
+finaliser writes `FREE`). A worker that finds no free slot (the training loop still holds them) hands that
+batch to torch as before, so it never waits on the trainer; a batch larger than a slot makes it allocate a
+larger segment. The DataLoader drops the batches in flight when a pass ends early (persistent workers
+resume with the next epoch's): their slots stay `FILLED`, and the worker takes them back when its next pass
+starts, after that drop. The worker sends its segment along with each batch until the trainer has it
+(`_RECEIVED`), so a dropped first batch does not leave the trainer without it.
 
 Torch's DataLoader stays the supervisor: it starts, watches and stops the workers and moves the messages.
 """
@@ -33,7 +37,9 @@ if TYPE_CHECKING:
 # and the training loop the one it trains on; a fifth covers a framework that keeps the previous batch.
 SLOTS = 5
 _ALIGN = 64  # every leaf starts on a cache line, so any dtype views it aligned
-_HEADER = 64  # one flag byte per slot
+_HEADER = 64  # one flag byte per slot, and the trainer's receipt of the segment in the last byte
+_RECEIVED = _HEADER - 1
+FREE, FILLED, HELD = 0, 1, 2
 _HEADROOM = 1.25  # later batches may be a little larger (a longer caption, a padded sequence)
 
 
@@ -56,7 +62,7 @@ class _Leaf:
 class RingBatch:
     """What crosses the pipe for a batch in the ring: its structure with `_Leaf`s for its tensors and arrays.
 
-    `segment` is the ring's tensor on the first batch of each segment (torch passes its descriptor then), and
+    `segment` is the ring's tensor until the trainer has received it (torch passes its descriptor then), and
     None after: the trainer keeps it by `owner` (worker pid, segment number).
     """
 
@@ -83,11 +89,19 @@ def _walk(payload: object, leaf: Callable[[object], object]) -> object:
 
 
 def _is_leaf(value: object) -> bool:
+    """A plain CPU tensor or numpy array (a subclass, a quantized or nested tensor keeps torch's path: it
+    would come back as a plain one)."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.device.type == "cpu" and value.layout == torch.strided and not value.requires_grad
-    return isinstance(value, np.ndarray) and not value.dtype.hasobject
+    if type(value) is torch.Tensor:
+        return (
+            value.device.type == "cpu"
+            and value.layout == torch.strided
+            and not value.requires_grad
+            and not value.is_quantized
+            and not value.is_nested
+        )
+    return type(value) is np.ndarray and not value.dtype.hasobject
 
 
 class RingWriter:
@@ -99,8 +113,14 @@ class RingWriter:
         self._flags: np.ndarray | None = None
         self._slot_bytes = 0
         self._number = 0
-        self._sent = False
         self._next = 0
+
+    def reclaim(self) -> None:
+        """Take back the slots of batches the DataLoader dropped (at the start of a pass: see the module)."""
+        flags = self._flags
+        if flags is not None:
+            filled = flags[:SLOTS] == FILLED
+            flags[:SLOTS][filled] = FREE
 
     def pack(self, payload: object) -> object:
         """`payload` as a `RingBatch`, or as it is when it holds no tensor or array or no slot is free."""
@@ -124,14 +144,13 @@ class RingWriter:
         segment.share_memory_()  # type: ignore[no-untyped-call]
         self._segment, self._flags = segment, segment[:_HEADER].numpy()
         self._number += 1
-        self._sent = False
 
     def _free_slot(self) -> int | None:
         flags = self._flags
         assert flags is not None
         for i in range(SLOTS):
             slot = (self._next + i) % SLOTS
-            if flags[slot] == 0:
+            if flags[slot] == FREE:
                 self._next = (slot + 1) % SLOTS
                 return slot
         return None
@@ -163,9 +182,8 @@ class RingWriter:
             return leaf
 
         skeleton = _walk(payload, place)
-        flags[slot] = 1  # the trainer's from here until it drops the batch
-        sent = None if self._sent else segment
-        self._sent = True
+        flags[slot] = FILLED  # the trainer's from here until it drops the batch
+        sent = None if flags[_RECEIVED] else segment
         return RingBatch((self.pid, self._number), slot, self._slot_bytes, skeleton, sent)
 
 
@@ -185,7 +203,7 @@ class _SlotLease:
         }
 
     def __del__(self) -> None:
-        self._segment[self._slot] = 0
+        self._segment[self._slot] = FREE
 
 
 class RingReader:
@@ -199,13 +217,16 @@ class RingReader:
             return payload
         import torch
 
-        if payload.segment is not None:
+        if payload.segment is not None and payload.owner not in self._segments:
             # A worker's new segment replaces its older one (whose batches keep it alive while held).
             worker = payload.owner[0]
             for key in [key for key in self._segments if key[0] == worker]:
                 del self._segments[key]
-            self._segments[payload.owner] = payload.segment.numpy()
-        memory = np.asarray(_SlotLease(self._segments[payload.owner], payload.slot, payload.slot_bytes))
+            self._segments[payload.owner] = segment = payload.segment.numpy()
+            segment[_RECEIVED] = 1  # the worker stops sending it
+        segment = self._segments[payload.owner]
+        segment[payload.slot] = HELD
+        memory = np.asarray(_SlotLease(segment, payload.slot, payload.slot_bytes))
 
         def rebuild(value: object) -> object:
             if not isinstance(value, _Leaf):

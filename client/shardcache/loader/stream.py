@@ -168,6 +168,8 @@ class WorkerStream:
         # Only worker processes have a run dir (threads hand their batches over as they are).
         ring = self._writer() if self.ring and worker is not None and self.run_dir is not None else None
         pack = ring.pack if ring is not None else passthrough
+        if ring is not None:
+            ring.reclaim()  # batches of an earlier pass that the DataLoader dropped
         order = self._current_order()
         if wid in order.exhausted:
             return

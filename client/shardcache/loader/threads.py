@@ -99,7 +99,9 @@ class _Channel:
     def __init__(self, capacity: int) -> None:
         self._items: deque[object] = deque()
         self._capacity = capacity
-        self._ready = threading.Condition(threading.Lock())
+        # Reentrant: a close() run by a finaliser that the collector started inside put() or get() on the
+        # same thread must not wait for itself.
+        self._ready = threading.Condition(threading.RLock())
         self._closed = False
 
     def put(self, item: object) -> bool:

@@ -89,9 +89,10 @@ class TorchLoader:
             `default_collate` for batches, and samples as they are without a batch size (numpy arrays stay
             numpy, as in mvp-dataset; a plain DataLoader would make them tensors).
         workers: How the workers run (default: `SHARDCACHE_LOADER_WORKERS`, else "processes").
-            "processes": torch DataLoader worker processes; every
-            batch crosses to the trainer through shared memory and a pickle. "threads": threads of the
-            trainer's process; batches reach the training loop as built, no copy, and no process starts.
+            "processes": torch DataLoader worker processes; every batch crosses to the trainer through
+            shared memory (`shared_ring`). "threads": threads of the trainer's process
+            (`shardcache.loader.threads`); batches reach the training loop as built, with no copy, and no
+            process starts.
             Threads win where the stages release the GIL (reading, image decode, numpy and torch
             operations); a stage that holds it (a pure-Python loop per sample) runs one thread at a time:
             keep processes for those (docs/loader.md). The same slots, order and resume states in both modes

@@ -132,3 +132,42 @@ def test_a_batch_larger_than_a_slot_gets_a_larger_segment() -> None:
     got = reader.unpack(larger)
     assert isinstance(got, dict) and int(got["x"].sum()) == 2 * 4096
     assert isinstance(small, dict) and int(small["x"].sum()) == 4, "the older batch keeps its own segment"
+
+
+def test_the_segment_travels_with_each_batch_until_the_trainer_has_it() -> None:
+    writer, reader = RingWriter(), RingReader()
+    writer.pack(batch(1))  # dropped in flight: the trainer never saw it
+    second = writer.pack(batch(2))
+    assert isinstance(second, RingBatch) and second.segment is not None
+    got: Any = reader.unpack(second)
+    assert int(got["x"][0]) == 2
+    third = writer.pack(batch(3))
+    assert isinstance(third, RingBatch) and third.segment is None
+
+
+def test_a_new_pass_takes_back_the_slots_of_batches_dropped_in_flight() -> None:
+    writer = RingWriter()
+    for i in range(SLOTS):
+        writer.pack(batch(i))  # none reaches the trainer
+    assert not isinstance(writer.pack(batch(9)), RingBatch)
+    writer.reclaim()
+    assert isinstance(writer.pack(batch(9)), RingBatch)
+
+
+def test_a_pass_left_early_leaves_the_next_passes_whole(tars: list[str]) -> None:
+    def passes(ring: bool) -> list[Any]:
+        ds = Dataset.from_source("tars", tars, daemon=None).map(arrays)
+        loader = TorchLoader(ds, num_workers=2, batch_size=2, shared_ring=ring)
+        seen = []
+        try:
+            for epoch in range(4):
+                loader.set_epoch(epoch)
+                for step, item in enumerate(loader):
+                    seen.append(plain(item))
+                    if epoch % 2 == 0 and step == 1:
+                        break  # batches in flight are dropped by the DataLoader
+        finally:
+            loader.close()
+        return seen
+
+    assert passes(True) == passes(False)
