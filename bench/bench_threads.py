@@ -12,7 +12,8 @@ every process (the trainer's threads and its reaped worker processes: `resource.
    runs. Target: threads >= 2x samples/s.
 3. **jpeg**: 500x375 JPEGs, `shardcache.images.decode(..., backend="turbo")` (decode + random-resized-crop to
    224), batches of 32. Target: threads >= 1.0x processes.
-4. **gil**: a map holding the GIL (a pure-Python loop per sample). Reported to say when threads lose.
+4. **gil**: the light pipeline plus a user's map holding the GIL (a pure-Python loop over 1 KiB per
+   sample). Target: processes with the ring >= 1.3x today's; it says when threads lose.
 5. **memory**: the light pipeline's trainer RSS plus its workers' USS (private pages) midway through the
    second epoch. Target: threads <= 0.5x.
 
@@ -110,12 +111,13 @@ def decode(sample: dict[str, Any]) -> tuple[int, int, np.ndarray]:
     return int(key.replace("_", "")), int(label), np.frombuffer(sample["bin"], dtype=np.uint8).copy()
 
 
-def python_loop(sample: dict[str, Any]) -> tuple[int, int]:
-    """A map that holds the GIL: a pure-Python checksum over 2 KiB of the sample."""
+def python_loop(sample: tuple[int, int, np.ndarray]) -> tuple[int, int, np.ndarray]:
+    """A user's map that holds the GIL: a pure-Python checksum over 1 KiB of the decoded sample."""
+    key, label, pixels = sample
     total = 0
-    for byte in sample["bin"][:2048]:
+    for byte in pixels[:1024].tobytes():
         total = (total * 31 + byte) & 0xFFFFFFFF
-    return total, len(sample["bin"])
+    return key, label ^ (total & 1), pixels
 
 
 def light(paths: list[str], socket: str | None = None, ctx: RuntimeContext | None = None) -> Dataset:
@@ -130,7 +132,7 @@ def jpeg(paths: list[str]) -> Dataset:
 
 
 def gil(paths: list[str]) -> Dataset:
-    return Dataset.from_source("tars", paths, daemon=None).map(python_loop)
+    return light(paths).map(python_loop)
 
 
 def children_cpu() -> float:
@@ -169,13 +171,21 @@ def children() -> list[int]:
 
 def memory_mb() -> float:
     """The trainer's RSS plus every worker process's USS."""
-    return rss_mb() + sum(private_mb(pid) for pid in children() if Path(f"/proc/{pid}/smaps_rollup").exists())
+    workers = [private_mb(pid) for pid in children() if Path(f"/proc/{pid}/smaps_rollup").exists()]
+    trainer = rss_mb()
+    uss = " + ".join(f"{w:.0f}" for w in workers) or "-"
+    print(f"    (trainer RSS {trainer:.0f} MB, workers' USS {uss} MB)")
+    return trainer + sum(workers)
 
 
-def measure(make: Callable[[], Dataset], mode: str, num_workers: int, epochs: int, batch: int = 32) -> Run:
+def measure(
+    make: Callable[[], Dataset], mode: str, num_workers: int, epochs: int, batch: int = 32, **kwargs: Any
+) -> Run:
     """One loader over `epochs` epochs: samples, wall and CPU seconds (memory midway through the last)."""
     workers, ring = MODES.get(mode, ("processes", False))
-    loader = TorchLoader(make(), num_workers=num_workers, batch_size=batch, workers=workers, shared_ring=ring)
+    loader = TorchLoader(
+        make(), num_workers=num_workers, batch_size=batch, workers=workers, shared_ring=ring, **kwargs
+    )
     cpu0, children0, started = time.process_time(), children_cpu(), time.perf_counter()
     samples, memory = 0, 0.0
     for epoch in range(epochs):
@@ -217,7 +227,8 @@ def compare(
 def rank_main(args: tuple[list[str], str, int, str, int, Any]) -> None:
     paths, socket, rank, mode, epochs, out = args
     ctx = RuntimeContext(rank=rank, world_size=2, seed=0)
-    run = measure(lambda: light(paths, socket, ctx), mode, 2, epochs)
+    # A spawned rank would spawn its worker processes too (each importing torch); the demo forks them.
+    run = measure(lambda: light(paths, socket, ctx), mode, 2, epochs, multiprocessing_context="fork")
     out.put((run.samples, run.wall_s))
 
 
