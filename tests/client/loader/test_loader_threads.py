@@ -262,3 +262,17 @@ def test_the_environment_variable_sets_the_default_mode(
     monkeypatch.setenv("SHARDCACHE_LOADER_WORKERS", "fibers")
     with pytest.raises(ConfigError, match="SHARDCACHE_LOADER_WORKERS='fibers'"):
         TorchLoader(ds, num_workers=2)
+
+
+def test_timeout_names_the_worker_thread_it_waited_for(tars: list[str]) -> None:
+    def hold(sample: dict[str, Any]) -> str:
+        if torch_worker_id() == 0:
+            threading.Event().wait(1.0)  # worker 0 takes 1 s per sample, past the 0.2 s timeout
+        return str(sample["__key__"])
+
+    ds = Dataset.from_source("tars", tars, daemon=None).map(hold)
+    it = iter(TorchLoader(ds, num_workers=2, workers="threads", timeout=0.2))
+    with pytest.raises(RuntimeError, match="timed out after 0.2 seconds waiting for worker thread 0"):
+        next(it)
+    it.close()  # the failed pass stopped its threads, each after its current sample
+    assert worker_threads() == []
