@@ -193,7 +193,10 @@ class ThreadWorkers:
 
     def __next__(self) -> Item:
         if self._pinned is not None:
-            item = self._pinned.get(self._timeout())
+            try:
+                item = self._pinned.get(self._timeout())
+            except TimeoutError:
+                raise self._timed_out("the pin-memory thread") from None
             if isinstance(item, _Failed):
                 raise _reraised(item)
             if item is _ENDED:
@@ -203,6 +206,13 @@ class ThreadWorkers:
 
     def _timeout(self) -> float | None:
         return self._options.timeout or None
+
+    def _timed_out(self, waited_for: str) -> RuntimeError:
+        """The DataLoader's own error for a `timeout` (its message, and the thread waited for)."""
+        return RuntimeError(
+            f"TorchLoader timed out after {self._options.timeout} seconds waiting for {waited_for} "
+            "(timeout=; the stall warning shows where each worker thread is)"
+        )
 
     def _next_in_turn(self) -> Item:
         """The next item of the rotation: the worker whose turn it is, an ended worker skipped."""
@@ -215,10 +225,7 @@ class ThreadWorkers:
             try:
                 item = self._channels[worker].get(self._timeout())
             except TimeoutError:
-                raise RuntimeError(
-                    f"TorchLoader timed out after {self._options.timeout} seconds waiting for worker thread "
-                    f"{worker} (timeout=...)"
-                ) from None
+                raise self._timed_out(f"worker thread {worker}") from None
             if isinstance(item, _Failed):
                 raise _reraised(item)
             if item is _ENDED:
