@@ -15,7 +15,8 @@ every process (the trainer's threads and its reaped worker processes: `resource.
 4. **gil**: the light pipeline plus a user's map holding the GIL (a pure-Python loop over 1 KiB per
    sample). Target: processes with the ring >= 1.3x today's; it says when threads lose.
 5. **memory**: the light pipeline's trainer RSS plus its workers' USS (private pages) midway through the
-   second epoch. Target: threads <= 0.5x.
+   second epoch, each loader in a fresh trainer process (a process that ran another loader before keeps
+   its heap). Target: threads <= 0.5x.
 
     .venv/bin/python -m bench.bench_threads             # full sizes (docs/benchmarks.md)
     .venv/bin/python -m bench.bench_threads --quick
@@ -29,6 +30,7 @@ import json
 import multiprocessing
 import os
 import resource
+import statistics
 import sys
 import tarfile
 import tempfile
@@ -49,6 +51,10 @@ MODES = {
     "threads": ("threads", True),
 }
 BASELINE = "processes (today)"
+MODES_KWARGS: dict[str, dict[str, Any]] = {
+    **{name: {"workers": workers, "shared_ring": ring} for name, (workers, ring) in MODES.items()},
+    "main process": {},
+}
 
 
 @dataclass
@@ -56,7 +62,6 @@ class Run:
     samples: int
     wall_s: float
     cpu_s: float
-    memory_mb: float = 0.0
 
     @property
     def per_s(self) -> float:
@@ -169,35 +174,69 @@ def children() -> list[int]:
     return found
 
 
-def memory_mb() -> float:
-    """The trainer's RSS plus every worker process's USS."""
+def memory_parts() -> tuple[float, list[float]]:
+    """The trainer's RSS and every worker process's USS, MB."""
     workers = [private_mb(pid) for pid in children() if Path(f"/proc/{pid}/smaps_rollup").exists()]
-    trainer = rss_mb()
-    uss = " + ".join(f"{w:.0f}" for w in workers) or "-"
-    print(f"    (trainer RSS {trainer:.0f} MB, workers' USS {uss} MB)")
-    return trainer + sum(workers)
+    return rss_mb(), workers
+
+
+def memory_main(args: tuple[list[str], str, int, Any]) -> None:
+    """In a fresh trainer process: one loader's memory midway through its second epoch."""
+    paths, mode, num_workers, out = args
+    parts: list[tuple[float, list[float]]] = []
+    loader = TorchLoader(light(paths), num_workers=num_workers, batch_size=32, **MODES_KWARGS[mode])
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for step, _ in enumerate(loader):
+            if epoch == 1 and step == 100:
+                parts.append(memory_parts())
+    loader.close()
+    out.put(parts[0])
+
+
+def memory(paths: list[str], repeats: int) -> None:
+    """Trainer RSS + workers' USS per loader, each in a fresh (spawned) trainer that forks its workers."""
+    spawn = multiprocessing.get_context("spawn")
+    found: dict[str, list[tuple[float, list[float]]]] = {mode: [] for mode in (*MODES, "main process")}
+    for _ in range(repeats):
+        for mode in found:
+            out = spawn.SimpleQueue()
+            process = spawn.Process(
+                target=memory_main, args=((paths, mode, 0 if mode == "main process" else 2, out),)
+            )
+            process.start()
+            found[mode].append(out.get())
+            process.join()
+    print(
+        f"\nmemory (light pipeline, trainer RSS + workers' USS midway through epoch 2), median of {repeats}"
+    )
+    totals = {mode: statistics.median(t + sum(w) for t, w in runs) for mode, runs in found.items()}
+    base = totals[BASELINE]
+    for mode, runs in found.items():
+        trainer, workers = sorted(runs, key=lambda r: r[0] + sum(r[1]))[len(runs) // 2]
+        uss = " + ".join(f"{w:.0f}" for w in workers) or "-"
+        label = "num_workers=0" if mode == "main process" else f"2 workers, {mode}"
+        print(
+            f"  {label:<30}{totals[mode]:>8.0f} MB{totals[mode] / base:>6.2f}x"
+            f"   (trainer {trainer:.0f} MB, workers' USS {uss} MB)"
+        )
 
 
 def measure(
     make: Callable[[], Dataset], mode: str, num_workers: int, epochs: int, batch: int = 32, **kwargs: Any
 ) -> Run:
     """One loader over `epochs` epochs: samples, wall and CPU seconds (memory midway through the last)."""
-    workers, ring = MODES.get(mode, ("processes", False))
-    loader = TorchLoader(
-        make(), num_workers=num_workers, batch_size=batch, workers=workers, shared_ring=ring, **kwargs
-    )
+    loader = TorchLoader(make(), num_workers=num_workers, batch_size=batch, **MODES_KWARGS[mode], **kwargs)
     cpu0, children0, started = time.process_time(), children_cpu(), time.perf_counter()
-    samples, memory = 0, 0.0
+    samples = 0
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        for step, item in enumerate(loader):
+        for item in loader:
             samples += len(item[0]) if isinstance(item, (list, tuple)) else len(item)
-            if epoch == epochs - 1 and step == 20:
-                memory = memory_mb()
     loader.close()  # joins the worker processes: their CPU is in RUSAGE_CHILDREN from here
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu0 + children_cpu() - children0
-    return Run(samples, wall, cpu, memory)
+    return Run(samples, wall, cpu)
 
 
 def compare(
@@ -213,13 +252,12 @@ def compare(
     best = {mode: max(found, key=lambda run: run.per_s) for mode, found in runs.items()}
     base = best[BASELINE]
     print(f"\n{name}: best of {repeats}, {base.samples} samples per run")
-    print(f"  {'loader':<30}{'samples/s':>11}{'x':>7}{'samples/CPU-s':>15}{'x':>7}{'memory MB':>11}{'x':>7}")
+    print(f"  {'loader':<30}{'samples/s':>11}{'x':>7}{'samples/CPU-s':>15}{'x':>7}")
     for mode, run in best.items():
         label = "num_workers=0" if mode == "main process" else f"2 workers, {mode}"
-        mem = f"{run.memory_mb:>11.0f}{run.memory_mb / base.memory_mb:>6.2f}x" if base.memory_mb else ""
         print(
             f"  {label:<30}{run.per_s:>11,.0f}{run.per_s / base.per_s:>6.2f}x"
-            f"{run.per_cpu_s:>15,.0f}{run.per_cpu_s / base.per_cpu_s:>6.2f}x{mem}"
+            f"{run.per_cpu_s:>15,.0f}{run.per_cpu_s / base.per_cpu_s:>6.2f}x"
         )
     return best
 
@@ -268,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--only", default="light,daemon,jpeg,gil", help="comma-separated workloads")
+    parser.add_argument("--only", default="light,daemon,jpeg,gil,memory", help="comma-separated workloads")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     shards, samples = (24, 384) if not args.quick else (8, 128)
@@ -293,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
             compare(
                 "jpeg (500x375, turbo decode + crop to 224)", lambda: jpeg(jpegs), 1, args.repeats, main=False
             )
+        if "memory" in only:
+            memory(paths, args.repeats)
         if "gil" in only:
             compare("gil (pure-Python loop per sample)", lambda: gil(paths), 1, args.repeats, main=False)
     print(f"\nload average after: {os.getloadavg()}")
