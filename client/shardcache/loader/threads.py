@@ -18,21 +18,17 @@ rotation blocks instead of piling up; the trainer takes them in the rotation (wo
 worker skipped), as the DataLoader delivers in order. While the trainer computes, the threads read and
 decode the next batches. `pin_memory=True` pins on a thread of its own, as the DataLoader does.
 
-Forks: a thread that holds a lock (a module's import lock, a library's) at the instant the trainer forks
-leaves it held for ever in the child. Each step of a worker (one `next()` of its stream) runs inside the
-fork gate (`_ForkGate`): a fork waits until no step runs and holds new ones off until it is done, as
-`shardcache.forksafe.background_work` does for our other threads (whose lock admits one thread at a time;
-here many steps run at once).
+Forks: each step of a worker (one `next()` of its stream) runs inside the fork gate
+(`shardcache.loader.fork_gate`), so a fork never copies a lock one of them holds.
 
 Why not torchdata.nodes (`ParallelMapper` on threads): it maps a function over one source's items in
 parallel, and its state is the source's position plus the items in flight; here the unit of parallelism is
 a slot's whole stateful pipeline, whose position is the state the process workers record. What is written
-by hand is the bounded channel, the rotation and the gate (~200 lines).
+by hand is the bounded channel and the rotation (~200 lines), and the fork gate.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -44,14 +40,14 @@ from typing import Any
 
 from shardcache.context import worker_thread
 from shardcache.errors import ConfigError
+from shardcache.loader.fork_gate import FORK_GATE, THREAD_PREFIX
 from shardcache.loader.stream import Item, WorkerStream
 from shardcache.node import State
 
 logger = logging.getLogger(__name__)
 
-THREAD_NAME = "shardcache-worker-{}"  # then the worker id: what the stall warning and py-spy show
-# How long a fork waits for the running worker steps, and close() for a worker thread to end.
-FORK_WAIT_S = 30.0
+THREAD_NAME = THREAD_PREFIX + "{}"  # then the worker id: what the stall warning and py-spy show
+# How long close() waits for a worker thread to end.
 JOIN_WAIT_S = 10.0
 
 
@@ -313,76 +309,6 @@ class ThreadLauncher:
         """The worker threads of the running iteration, by worker id (empty before it starts)."""
         running = self.running
         return {} if running is None else dict(running.threads)
-
-
-class _ForkGate:
-    """Worker steps run at once; a fork (`os.register_at_fork`) waits until none runs and holds new ones off.
-
-    A step that forks itself (a user's map starting a process) waits for the other steps only. The wait is
-    bounded (`FORK_WAIT_S`): a step that never returns must not hang the trainer's fork; the warning names
-    the threads it left running.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._running = 0
-        self._forking = False
-        self._inside = threading.local()
-
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        cond = self._cond
-        with cond:
-            while self._forking:
-                cond.wait()
-            self._running += 1
-        depth = getattr(self._inside, "depth", 0)
-        self._inside.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._inside.depth = depth
-            with cond:
-                self._running -= 1
-                cond.notify_all()
-
-    def before_fork(self) -> None:
-        self._cond.acquire()  # held across the fork; released by the parent, replaced in the child
-        self._forking = True
-        own = 1 if getattr(self._inside, "depth", 0) else 0
-        deadline = time.monotonic() + FORK_WAIT_S
-        while self._running > own:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                names = [t.name for t in threading.enumerate() if t.name.startswith("shardcache-worker-")]
-                logger.warning(
-                    "forking while TorchLoader worker threads %s are still inside a step after %.0fs; the "
-                    "child may inherit a lock one of them holds",
-                    names,
-                    FORK_WAIT_S,
-                )
-                break
-            self._cond.wait(remaining)
-
-    def after_fork_in_parent(self) -> None:
-        self._forking = False
-        self._cond.notify_all()
-        self._cond.release()
-
-    def after_fork_in_child(self) -> None:
-        # The child has none of the parent's worker threads: a fresh gate with nothing running.
-        self._cond = threading.Condition(threading.Lock())
-        self._running = 0
-        self._forking = False
-        self._inside = threading.local()
-
-
-FORK_GATE = _ForkGate()
-os.register_at_fork(
-    before=FORK_GATE.before_fork,
-    after_in_parent=FORK_GATE.after_fork_in_parent,
-    after_in_child=FORK_GATE.after_fork_in_child,
-)
 
 
 # How TorchLoader's workers run: "processes", torch DataLoader worker processes; "threads", threads of the
