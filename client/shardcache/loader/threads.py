@@ -233,31 +233,26 @@ class ThreadWorkers:
 
     def _start_pinning(self) -> None:
         """Pin on a thread of its own (as the DataLoader's pin-memory thread), in the rotation's order."""
-        import torch
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        device = self._options.pin_memory_device
-        if not torch.cuda.is_available() and not device:
+        pin = pinner(self._options.pin_memory_device)
+        if pin is None:
             logger.warning("TorchLoader(pin_memory=True): no accelerator available, batches are not pinned")
             return
         pinned = self._pinned = _Channel(self._options.prefetch_factor)
 
-        def pin() -> None:
+        def run() -> None:
             try:
                 while not self._stopped:
                     try:
                         wid, payload, state, done, times = self._next_in_turn()
                     except StopIteration:
                         break
-                    pinned_payload = pin_memory(payload, device or None)  # type: ignore[no-untyped-call]
-                    item = (wid, pinned_payload, state, done, times)
-                    if not pinned.put(item):
+                    if not pinned.put((wid, pin(payload), state, done, times)):
                         return
             except BaseException as error:
                 pinned.put(_Failed(-1, error))
             pinned.put(_ENDED)
 
-        self._pinner = threading.Thread(target=pin, name="shardcache-pin-memory", daemon=True)
+        self._pinner = threading.Thread(target=run, name="shardcache-pin-memory", daemon=True)
         self._pinner.start()
 
     def close(self) -> None:
@@ -280,6 +275,21 @@ class ThreadWorkers:
                 running,
                 JOIN_WAIT_S,
             )
+
+
+def pinner(device: str) -> Callable[[object], object] | None:
+    """torch's pinning of a payload for `device` ("": the current accelerator), None without one."""
+    import torch
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    if not device and not torch.cuda.is_available():
+        return None
+
+    def pin(payload: object) -> object:
+        pinned: object = pin_memory(payload, device or None)  # type: ignore[no-untyped-call]
+        return pinned
+
+    return pin
 
 
 def _reraised(failed: _Failed) -> BaseException:

@@ -169,6 +169,34 @@ def test_the_stats_count_the_worker_threads_stage_times(tars: list[str]) -> None
     assert "read" in str(stats)
 
 
+def test_pin_memory_pins_every_item_on_its_own_thread_in_the_rotations_order(
+    tars: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No accelerator here: torch's pinning is replaced by one recording where it ran (the rest is real)."""
+    import shardcache.loader.threads as threads
+
+    pinned_on: list[str] = []
+
+    def fake_pinner(device: str) -> Any:
+        def pin(payload: Any) -> Any:
+            pinned_on.append(threading.current_thread().name)
+            return ("pinned", payload)
+
+        return pin
+
+    def batches(**kwargs: Any) -> list[Any]:
+        ds = Dataset.from_source("tars", tars, daemon=None).map(key_of)
+        return list(
+            TorchLoader(ds, num_workers=2, batch_size=2, collate_fn=identity, workers="threads", **kwargs)
+        )
+
+    reference = batches()
+    monkeypatch.setattr(threads, "pinner", fake_pinner)
+    assert batches(pin_memory=True) == [("pinned", batch) for batch in reference]
+    assert set(pinned_on) == {"shardcache-pin-memory"}
+    assert worker_threads() == []
+
+
 def test_pin_memory_hands_over_every_batch(tars: list[str]) -> None:
     import torch
 
