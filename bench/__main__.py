@@ -26,6 +26,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_launchers", [], ["--quick"]),
     ("bench.bench_disk_full", [], ["--repeats", "1"]),
     ("bench.bench_loader", [], ["--quick"]),
+    ("bench.bench_threads", [], ["--quick", "--repeats", "1"]),
     ("bench.bench_scale_evict", [], ["--sizes", "1000", "10000", "--decisions", "20"]),
     ("bench.bench_decode", ["--rounds", "9"], ["--images", "4", "--rounds", "1"]),
     ("bench.bench_scale_client", [], ["--sizes", "1000", "10000", "--repeats", "1", "--no-uss"]),

@@ -18,6 +18,11 @@ LOADER_METHODS = (DEFAULT, "forkserver")
 # worker imports torch: about a second per worker start here, too slow for every loader test).
 ALL_METHODS = (*LOADER_METHODS, "spawn")
 
+# TorchLoader's thread workers (`workers="threads"`): not a start method, the other way workers run; every
+# loader behaviour that applies to both runs under LOADER_MODES (`loader_workers` gives the arguments).
+THREADS = "threads"
+LOADER_MODES = (*LOADER_METHODS, THREADS)
+
 # What forkserver workers import once, in the server, before it forks each worker.
 FORKSERVER_PRELOAD = ["torch.utils.data", "shardcache", "shardcache.sources.tars"]
 
@@ -42,3 +47,11 @@ def worker_context(method: str) -> Any:
 def process_context(method: str) -> Any:
     """A multiprocessing context for plain processes (Process, Queue, pools) started with `method`."""
     return worker_context(method) or multiprocessing.get_context()
+
+
+def loader_workers(mode: str) -> dict[str, Any]:
+    """TorchLoader's arguments for workers run as `mode`: a start method of worker processes (a name in
+    ALL_METHODS), or THREADS."""
+    if mode == THREADS:
+        return {"workers": THREADS}
+    return {"multiprocessing_context": worker_context(mode)}

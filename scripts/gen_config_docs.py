@@ -84,7 +84,9 @@ deploy.md, "Restarts and upgrades"). `SHARDCACHE_STALL_WARNING_S` is how long a 
 before it logs which DataLoader worker it waits for and where every worker is (default 300 s, 0 turns it
 off; see troubleshooting.md, "A loader that stalls"). `SHARDCACHE_LAYOUT_WAIT_S` is how long a rank waits
 for the other ranks of its process group to give their hosts, when no launcher variable says which ranks
-share a node (default 60 s; see cluster.md, "Launchers").
+share a node (default 60 s; see cluster.md, "Launchers"). `SHARDCACHE_LOADER_WORKERS` (`processes` or
+`threads`) is how a TorchLoader runs its workers when its `workers=` argument is not given (default
+`processes`; see loader.md).
 
 ### Trainer-side variables of the pipeline, and mvp-dataset's aliases
 

@@ -17,7 +17,7 @@ import pytest
 
 from harness.devservers import Daemon, S3Server, start_daemon, start_s3_server
 from harness.shards import ShardSet, make_tar_shard
-from harness.start_methods import ALL_METHODS, LOADER_METHODS
+from harness.start_methods import ALL_METHODS, LOADER_METHODS, LOADER_MODES
 from harness.tools import IN_CI, unavailable
 
 
@@ -64,6 +64,14 @@ def start_method(request: pytest.FixtureRequest) -> str:
     "forkserver". Pass it to `harness.start_methods.worker_context`."""
     method: str = request.param
     return method
+
+
+@pytest.fixture(params=LOADER_MODES, ids=LOADER_MODES)
+def loader_mode(request: pytest.FixtureRequest) -> str:
+    """How a TorchLoader's workers run: worker processes started as `start_method` ("default", then
+    "forkserver"), or "threads" (`workers="threads"`). Pass it to `harness.start_methods.loader_workers`."""
+    mode: str = request.param
+    return mode
 
 
 @pytest.fixture(params=ALL_METHODS, ids=ALL_METHODS)

@@ -16,11 +16,13 @@ them across epochs).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
@@ -36,7 +38,29 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     return default if value is None else value
 
 
+# The worker a TorchLoader thread runs as (`worker_thread`): torch's worker info is one per process.
+_thread_worker = threading.local()
+
+
+@contextlib.contextmanager
+def worker_thread(worker_id: int, num_workers: int) -> Iterator[None]:
+    """Run the body as DataLoader worker `worker_id` of `num_workers`, in this thread only.
+
+    TorchLoader's thread workers (`shardcache.loader.threads`) run each worker's slot on its own thread
+    of the trainer's process; inside, everything that asks which worker it is (`torch_worker_id`,
+    `in_main_process`, `RuntimeContext.resolve`) answers as a worker process would.
+    """
+    _thread_worker.info = (worker_id, num_workers)
+    try:
+        yield
+    finally:
+        _thread_worker.info = None
+
+
 def _torch_worker_info() -> tuple[int, int] | None:
+    thread: tuple[int, int] | None = getattr(_thread_worker, "info", None)
+    if thread is not None:
+        return thread
     # Only consult torch when it is already imported: importing it here would cost seconds for nothing.
     data = sys.modules.get("torch.utils.data")
     if data is None:
@@ -46,7 +70,8 @@ def _torch_worker_info() -> tuple[int, int] | None:
 
 
 def torch_worker_id() -> int | None:
-    """The id of the torch DataLoader worker running this code (None in the trainer's own process)."""
+    """The id of the torch DataLoader worker running this code (None in the trainer's own process), or of
+    the worker a TorchLoader thread runs as (`worker_thread`)."""
     info = _torch_worker_info()
     return None if info is None else info[0]
 
@@ -60,7 +85,7 @@ def torch_distributed() -> ModuleType | None:
 
 
 def in_main_process() -> bool:
-    """False inside a torch DataLoader worker."""
+    """False inside a torch DataLoader worker (or a TorchLoader thread running as one: `worker_thread`)."""
     return _torch_worker_info() is None
 
 

@@ -17,6 +17,14 @@ from harness.devservers import Daemon, start_daemon
 from tests.frameworks.framework_checks import write_shards
 
 
+@pytest.fixture(scope="module", params=["processes", "threads"])
+def framework_workers(request: pytest.FixtureRequest) -> str:
+    """How the TorchLoaders of a module's launches run their workers (SHARDCACHE_LOADER_WORKERS): every
+    recipe works in both modes."""
+    mode: str = request.param
+    return mode
+
+
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
     """8 tar shards of 35 to 44 samples (315 in all), as a brace pattern."""

@@ -65,8 +65,9 @@ _LAUNCHER = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "
 _LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "MASTER_", "PL_", "ACCELERATE_")
 
 
-def launch_env(socket: str | Path) -> dict[str, str]:
-    """The environment of a launch: SHARDCACHE_SOCKET names the daemon (or a path where none runs), the
+def launch_env(socket: str | Path, workers: str = "processes") -> dict[str, str]:
+    """The environment of a launch: SHARDCACHE_SOCKET names the daemon (or a path where none runs), every
+    TorchLoader's workers run as `workers` (SHARDCACHE_LOADER_WORKERS: "processes" or "threads"), the
     repository root is importable (the scripts import `tests.frameworks.train_support`), one thread per
     process, nothing reaches the network, and no outer launcher's variables leak in."""
     path = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -78,6 +79,7 @@ def launch_env(socket: str | Path) -> dict[str, str]:
     return {
         **inherited,
         "SHARDCACHE_SOCKET": str(socket),
+        "SHARDCACHE_LOADER_WORKERS": workers,
         "PYTHONPATH": os.pathsep.join(path),
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",

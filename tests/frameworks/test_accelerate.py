@@ -65,30 +65,41 @@ SHARD_REPEATS = WORKERS * (WORLD * BATCH - 1)
 
 
 def accelerate(
-    out: Path, shards: str, socket: str | Path, *args: str, daemon: Daemon | None = None
+    out: Path,
+    shards: str,
+    socket: str | Path,
+    *args: str,
+    daemon: Daemon | None = None,
+    workers: str = "processes",
 ) -> Launch:
     command = torchrun("accelerate_train.py", "--shards", shards, "--out", str(out), *args)
-    return run(command, out, launch_env(socket), daemon)
+    return run(command, out, launch_env(socket, workers), daemon)
 
 
 @pytest.fixture(scope="module")
-def prepared(shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def prepared(
+    framework_workers: str, shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
+) -> Launch:
     """Through the daemon: TorchLoader, dispatched and sharded DataLoader, then the resume recipe (saving
     after step 27)."""
     out = tmp_path_factory.mktemp("acc-prepared")
     args = ["--runs", "torchloader,dispatch,shard,resumable", "--save-at", str(SAVE_STEP)]
-    return accelerate(out, shards, daemon.socket, *args, daemon=daemon)
+    return accelerate(out, shards, daemon.socket, *args, daemon=daemon, workers=framework_workers)
 
 
 @pytest.fixture(scope="module")
 def loaded(
-    prepared: Launch, shards: str, no_daemon: Path, tmp_path_factory: pytest.TempPathFactory
+    framework_workers: str,
+    prepared: Launch,
+    shards: str,
+    no_daemon: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Launch:
     """No daemon: the resume recipe, starting with load_state of the state saved after step 27."""
     assert_completed(prepared, "resumable")
     out = tmp_path_factory.mktemp("acc-loaded")
     args = ["--runs", "resumed", "--load", str(prepared.out / "resumable" / "state")]
-    return accelerate(out, shards, no_daemon, *args)
+    return accelerate(out, shards, no_daemon, *args, workers=framework_workers)
 
 
 # -- accelerator.prepare(model, optimizer, TorchLoader(...)) ----------------------------------------------

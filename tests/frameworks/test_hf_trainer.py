@@ -63,23 +63,34 @@ DISPATCH_REPEATS = WORLD * BATCH - 1
 
 
 def hf_trainer(
-    out: Path, shards: str, socket: str | Path, *args: str, daemon: Daemon | None = None
+    out: Path,
+    shards: str,
+    socket: str | Path,
+    *args: str,
+    daemon: Daemon | None = None,
+    workers: str = "processes",
 ) -> Launch:
     command = torchrun("hf_trainer_train.py", "--shards", shards, "--out", str(out), *args)
-    return run(command, out, launch_env(socket), daemon)
+    return run(command, out, launch_env(socket, workers), daemon)
 
 
 @pytest.fixture(scope="module")
-def trained(shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def trained(
+    framework_workers: str, shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
+) -> Launch:
     """Through the daemon: train_dataset, then the TorchLoader recipe; checkpoints every 27 steps."""
     out = tmp_path_factory.mktemp("hf-trained")
     args = ["--runs", "train_dataset,torchloader", "--save-steps", str(SAVE_STEPS)]
-    return hf_trainer(out, shards, daemon.socket, *args, daemon=daemon)
+    return hf_trainer(out, shards, daemon.socket, *args, daemon=daemon, workers=framework_workers)
 
 
 @pytest.fixture(scope="module")
 def restarted(
-    trained: Launch, shards: str, no_daemon: Path, tmp_path_factory: pytest.TempPathFactory
+    framework_workers: str,
+    trained: Launch,
+    shards: str,
+    no_daemon: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Launch:
     """No daemon: each run restarted from its checkpoint of step 27; the recipe, then train_dataset (last:
     it must fail)."""
@@ -90,7 +101,7 @@ def restarted(
         assert checkpoint.is_dir(), f"no {checkpoint.name} among {sorted(checkpoint.parent.iterdir())}"
         shutil.copytree(checkpoint, out / f"{run_}_resumed" / "trainer" / checkpoint.name)
     args = ["--runs", "torchloader_resumed,train_dataset_resumed", "--save-steps", str(SAVE_STEPS)]
-    return hf_trainer(out, shards, no_daemon, *args)
+    return hf_trainer(out, shards, no_daemon, *args, workers=framework_workers)
 
 
 # -- Trainer(train_dataset=<shardcache Dataset>) ----------------------------------------------------------

@@ -54,30 +54,45 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 CHECKPOINT_STEP = 27  # epoch 1 holds global steps 20..39: a checkpoint in its middle
 
 
-def lightning(out: Path, shards: str, socket: str | Path, *args: str, daemon: Daemon | None = None) -> Launch:
+def lightning(
+    out: Path,
+    shards: str,
+    socket: str | Path,
+    *args: str,
+    daemon: Daemon | None = None,
+    workers: str = "processes",
+) -> Launch:
     command = python("lightning_train.py", "--shards", shards, "--out", str(out), *args)
-    return run(command, out, launch_env(socket), daemon)
+    return run(command, out, launch_env(socket, workers), daemon)
 
 
 @pytest.fixture(scope="module")
-def plain_fits(shards: str, no_daemon: Path, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def plain_fits(
+    framework_workers: str, shards: str, no_daemon: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Launch:
     """No daemon: fit on a TorchLoader, then on a plain DataLoader over a Dataset counted at the start."""
     out = tmp_path_factory.mktemp("pl-plain")
-    return lightning(out, shards, no_daemon, "--runs", "torchloader,dataloader")
+    return lightning(out, shards, no_daemon, "--runs", "torchloader,dataloader", workers=framework_workers)
 
 
 @pytest.fixture(scope="module")
-def recipe_fits(shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def recipe_fits(
+    framework_workers: str, shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
+) -> Launch:
     """Through the daemon: the recipe with a checkpoint at step 27, then the same checkpoint without the
     callback (last: it must fail)."""
     out = tmp_path_factory.mktemp("pl-recipe")
     args = ["--runs", "datamodule,no_callback", "--checkpoint-every", str(CHECKPOINT_STEP)]
-    return lightning(out, shards, daemon.socket, *args, daemon=daemon)
+    return lightning(out, shards, daemon.socket, *args, daemon=daemon, workers=framework_workers)
 
 
 @pytest.fixture(scope="module")
 def resumed_fit(
-    recipe_fits: Launch, shards: str, no_daemon: Path, tmp_path_factory: pytest.TempPathFactory
+    framework_workers: str,
+    recipe_fits: Launch,
+    shards: str,
+    no_daemon: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Launch:
     """No daemon: the recipe again, from the reference's checkpoint of step 27."""
     assert_completed(recipe_fits, "datamodule")
@@ -85,7 +100,7 @@ def resumed_fit(
     assert checkpoint.is_file(), f"no {checkpoint.name} among {sorted(checkpoint.parent.iterdir())}"
     out = tmp_path_factory.mktemp("pl-resumed")
     args = ["--runs", "resumed", "--checkpoint-every", str(CHECKPOINT_STEP), "--resume", str(checkpoint)]
-    return lightning(out, shards, no_daemon, *args)
+    return lightning(out, shards, no_daemon, *args, workers=framework_workers)
 
 
 # -- ds.count_samples(), then trainer.fit(model, train_dataloaders=DataLoader(ds, ...)) -------------------

@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 # torch's worker loop seeds numpy.random: imported here, in the trainer, never first in a forked worker.
 import numpy.random  # noqa: F401
 
+from shardcache.context import torch_worker_id
 from shardcache.dataset import Dataset
 from shardcache.loader.fork_memory import frozen_for_fork
+from shardcache.loader.ring import RingReader, RingWriter, private_collate
 from shardcache.loader.watchdog import register_worker
 from shardcache.node import State
 from shardcache.pipeline.stage_times import StageTimes, TimesOutbox, timed_collate
@@ -102,6 +104,8 @@ class WorkerStream:
         run_dir: The loader's run directory: workers register their stack dumps there (the stall
             watchdog) and, with `persistent`, read each epoch's order from it.
         persistent: Read the order from `run_dir` at every `iter()` (the workers outlive one epoch).
+        ring: In a worker process, hand each payload's tensors and arrays over through the worker's shared-
+            memory ring (`shardcache.loader.ring`; the trainer unpacks them).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class WorkerStream:
         order: EpochOrder,
         run_dir: str | None = None,
         persistent: bool = False,
+        ring: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
@@ -121,6 +126,28 @@ class WorkerStream:
         self.order = order
         self.run_dir = run_dir
         self.persistent = persistent
+        self.ring = ring
+        self._ring_writer: RingWriter | None = None  # made in the worker process, kept across its epochs
+
+    def _writer(self) -> RingWriter:
+        writer = self._ring_writer
+        if writer is None or writer.pid != os.getpid():  # a fresh worker: the trainer's copy is not its own
+            writer = self._ring_writer = RingWriter()
+        return writer
+
+    def resumed(self, states: Mapping[int, State], exhausted: frozenset[int]) -> EpochOrder:
+        """This stream's order with the workers' positions `states` and the `exhausted` workers: what
+        workers started now read. The order's own states start workers that have no position yet (an
+        elastic resume hands every new worker the same start state); a worker's own position, once it has
+        one, wins."""
+        order = self.order
+        return EpochOrder(order.epoch, {**order.states, **states}, exhausted, self.dataset.run_facts)
+
+    def with_order(self, order: EpochOrder, run_dir: str | None) -> WorkerStream:
+        """The same stream reading `order`, its workers registered in `run_dir` (None: not registered)."""
+        return WorkerStream(
+            self.dataset, self.batch_size, self.collate_fn, self.drop_last, order, run_dir, ring=self.ring
+        )
 
     def _current_order(self) -> EpochOrder:
         if not self.persistent or self.run_dir is None:
@@ -133,10 +160,16 @@ class WorkerStream:
         # `shardcache.forksafe`); here it is already loaded, in every worker.
         import torch.utils.data as data
 
-        info = data.get_worker_info()
-        wid = 0 if info is None else int(info.id)
-        if info is not None and self.run_dir is not None:
+        # A worker process, or a thread running as one (`shardcache.loader.threads`); None: no workers.
+        worker = torch_worker_id()
+        wid = 0 if worker is None else worker
+        if worker is not None and self.run_dir is not None:
             register_worker(self.run_dir, wid)
+        # Only worker processes have a run dir (threads hand their batches over as they are).
+        ring = self._writer() if self.ring and worker is not None and self.run_dir is not None else None
+        pack = ring.pack if ring is not None else passthrough
+        if ring is not None:
+            ring.reclaim()  # batches of an earlier pass that the DataLoader dropped
         order = self._current_order()
         if wid in order.exhausted:
             return
@@ -160,18 +193,19 @@ class WorkerStream:
                     convert = timed_collate(iterator.clock, convert)
                 for sample in iterator:
                     payload = sample if convert is None else convert(sample)
-                    yield wid, payload, snapshot(), False, outbox.due()
+                    yield wid, pack(payload), snapshot(), False, outbox.due()
             else:
-                collate = self.collate_fn if self.collate_fn is not None else data.default_collate
+                default = private_collate if ring is not None else data.default_collate
+                collate = self.collate_fn if self.collate_fn is not None else default
                 collate = timed_collate(iterator.clock, collate)
                 batch: list[object] = []
                 for sample in iterator:
                     batch.append(sample)
                     if len(batch) == size:
-                        yield wid, collate(batch), snapshot(), False, outbox.due()
+                        yield wid, pack(collate(batch)), snapshot(), False, outbox.due()
                         batch = []
                 if batch and not self.drop_last:
-                    yield wid, collate(batch), snapshot(), False, outbox.due()
+                    yield wid, pack(collate(batch)), snapshot(), False, outbox.due()
             yield wid, None, snapshot(), True, outbox.last()
         finally:
             iterator.close()
@@ -200,21 +234,17 @@ class WorkerLauncher:
 
     def __call__(self, states: dict[int, State], exhausted: frozenset[int]) -> Iterator[Item]:
         base = self.stream
-        # The base order's states start workers that have no position yet (an elastic resume hands every
-        # new worker the same start state); a worker's own position, once it has one, wins.
-        order = EpochOrder(
-            base.order.epoch, {**base.order.states, **states}, exhausted, base.dataset.run_facts
-        )
+        order = base.resumed(states, exhausted)
         home = self.home
         if home is not None and home.persistent:
             loader = home.loader_for(base, order, self.num_workers, self.loader_kwargs)
+            reader = home.ring_reader  # persistent workers keep their rings across epochs
         else:
-            stream = WorkerStream(
-                base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, base.run_dir
-            )
-            loader = _dataloader(stream, self.num_workers, self.loader_kwargs)
+            loader = _dataloader(base.with_order(order, base.run_dir), self.num_workers, self.loader_kwargs)
+            reader = RingReader()
         with frozen_for_fork():  # iter() forks the workers (the first time, when they persist)
-            return iter(loader)
+            items = iter(loader)
+        return reader.unpack_items(items) if base.ring and self.num_workers > 0 else items
 
 
 def _dataloader(stream: WorkerStream, num_workers: int, loader_kwargs: dict[str, Any]) -> DataLoader[object]:
@@ -245,6 +275,7 @@ class WorkerHome:
         owner = _held_owner_lock(Path(self.run_dir))
         self.persistent = persistent
         self.dataloader: DataLoader[object] | None = None
+        self.ring_reader = RingReader()
         self._finalizer = weakref.finalize(self, _remove_run_dir, self.run_dir, os.getpid(), owner)
 
     def loader_for(
@@ -257,7 +288,14 @@ class WorkerHome:
         temp.replace(path)  # atomic: a worker never reads half an order
         if self.dataloader is None:
             stream = WorkerStream(
-                base.dataset, base.batch_size, base.collate_fn, base.drop_last, order, self.run_dir, True
+                base.dataset,
+                base.batch_size,
+                base.collate_fn,
+                base.drop_last,
+                order,
+                self.run_dir,
+                True,
+                ring=base.ring,
             )
             self.dataloader = _dataloader(stream, num_workers, {**loader_kwargs, "persistent_workers": True})
         return self.dataloader

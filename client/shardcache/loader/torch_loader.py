@@ -8,7 +8,7 @@ Resume states (identity, checks, the workers' start states) are `shardcache.load
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from shardcache.context import RuntimeContext
@@ -22,12 +22,20 @@ from shardcache.loader.plain import PlainNode, PlainStream
 from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
 from shardcache.loader.stream import (
     EpochOrder,
+    Item,
     WorkerHome,
     WorkerLauncher,
     WorkerStream,
     torch_data,
 )
-from shardcache.loader.watchdog import _UNSET, StallWatchdog, describe_stall, stall_warning
+from shardcache.loader.threads import ThreadLauncher, thread_options, worker_mode
+from shardcache.loader.watchdog import (
+    _UNSET,
+    StallWatchdog,
+    describe_stall,
+    describe_thread_stall,
+    stall_warning,
+)
 from shardcache.node import Node, state_of
 from shardcache.pipeline.stage_times import (
     LOADER_PREFIX,
@@ -75,11 +83,26 @@ class TorchLoader:
             IterableDataset rule: split it by `torch.utils.data.get_worker_info()` yourself), the
             loader-side stages run in a context from `RuntimeContext.from_runtime()` (or the iterable's
             own `context`), and it does not resume (`state_dict()` raises UnsupportedResume).
-        num_workers: DataLoader worker processes (0: iterate in the main process).
+        num_workers: Workers, each reading its own slot (0: iterate in the main process).
         batch_size: Worker-side batch size (None: samples pass one by one).
         collate_fn: Worker-side collate function (`lambda x: x` keeps lists of samples); None means torch's
             `default_collate` for batches, and samples as they are without a batch size (numpy arrays stay
             numpy, as in mvp-dataset; a plain DataLoader would make them tensors).
+        workers: How the workers run (default: `SHARDCACHE_LOADER_WORKERS`, else "processes").
+            "processes": torch DataLoader worker processes; every batch crosses to the trainer through
+            shared memory (`shared_ring`). "threads": threads of the trainer's process
+            (`shardcache.loader.threads`); batches reach the training loop as built, with no copy, and no
+            process starts.
+            Threads win where the stages release the GIL (reading, image decode, numpy and torch
+            operations); a stage that holds it (a pure-Python loop per sample) runs one thread at a time:
+            keep processes for those (docs/loader.md). The same slots, order and resume states in both modes
+            (a state taken in one resumes in the other). Threads honour prefetch_factor, pin_memory (on a
+            thread of its own), pin_memory_device, timeout and worker_init_fn (called on each worker thread);
+            they share the process, so a stage's globals (random generators, caches) are shared too.
+        shared_ring: Worker processes hand their batches' tensors and numpy arrays over through a
+            shared-memory ring each worker allocates once (`shardcache.loader.ring`): one copy per batch, no
+            new segment or descriptor per batch. Off (False) it is torch's own path; with pin_memory=True
+            it is off (pinning copies each batch anyway). Thread workers need neither.
         stall_warning_s: Seconds the main process may wait for an item before one warning names the
             worker it waits for and where every worker is (`shardcache.loader.watchdog`); 0 or None turns
             it off. Default: `SHARDCACHE_STALL_WARNING_S`, else 300.
@@ -109,6 +132,8 @@ class TorchLoader:
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         *,
+        workers: str | None = None,
+        shared_ring: bool = True,
         stall_warning_s: float | None | object = _UNSET,
         state_scope: str = "rank",
         _stages: Sequence[Stage] = (),
@@ -122,6 +147,13 @@ class TorchLoader:
         if batch_size is not None:
             positive_int("batch_size", batch_size)
         _check_scope("state_scope", state_scope)
+        workers = worker_mode(workers)
+        if workers == "threads" and not isinstance(dataset, Dataset) and num_workers > 0:
+            raise ConfigError(
+                "TorchLoader(workers='threads') runs a shardcache.Dataset's slots on threads; a plain "
+                "iterable splits itself by torch.utils.data.get_worker_info(), which threads do not set: "
+                "use workers='processes' (the default) for it"
+            )
         # A plain iterable: only `__iter__` and `set_epoch` look at it, through `_plain` and `_pipeline()`.
         self.dataset = cast(Dataset, dataset)
         self._plain: Iterable[Any] | None = None if isinstance(dataset, Dataset) else dataset
@@ -132,6 +164,8 @@ class TorchLoader:
         self.stall_warning_s = stall_warning(stall_warning_s)
         self.stages: tuple[Stage, ...] = tuple(_stages)
         self.state_scope = state_scope
+        self.workers = workers
+        self.shared_ring = shared_ring
         self._live = LiveState()
         # Set by a framework integration (`checkpoint_with`): items its loop fetched ahead of the step it
         # checkpoints, and how many positions back the iterator keeps for it.
@@ -140,7 +174,11 @@ class TorchLoader:
         # Set by an integration whose framework numbers epochs wrongly (the Hugging Face Trainer restarts its
         # count at 0 on a resume without a length): set_epoch is then ignored, passes and states count.
         self.own_epochs = False
-        self.persistent_workers = num_workers > 0 and bool(loader_kwargs.get("persistent_workers", True))
+        # Threads start in microseconds: they are started each iteration, never kept.
+        processes = num_workers > 0 and workers == "processes"
+        self.persistent_workers = processes and bool(loader_kwargs.get("persistent_workers", True))
+        # Refused now, not at the first iteration: arguments thread workers cannot honour.
+        self._thread_options = thread_options(self._dataloader_kwargs()) if workers == "threads" else None
         # Made at the first iteration with workers: their run directory and, when they persist, the
         # DataLoader kept across epochs (`WorkerHome`).
         self._home: WorkerHome | None = None
@@ -151,6 +189,8 @@ class TorchLoader:
             self.num_workers,
             self.batch_size,
             self.collate_fn,
+            workers=self.workers,
+            shared_ring=self.shared_ring,
             stall_warning_s=self.stall_warning_s,
             state_scope=self.state_scope,
             _stages=(*self.stages, stage),
@@ -307,8 +347,8 @@ class TorchLoader:
         )
 
     def _workers_home(self) -> WorkerHome | None:
-        """The home of this loader's workers (made on first use; None without workers)."""
-        if self.num_workers == 0:
+        """The home of this loader's worker processes (made on first use; None without them)."""
+        if self.num_workers == 0 or self._thread_options is not None:
             return None
         if self._home is None:
             self._home = WorkerHome(self.persistent_workers)
@@ -337,11 +377,18 @@ class TorchLoader:
         home = self._workers_home()
         run_dir = None if home is None else home.run_dir
         order = EpochOrder(ctx.epoch, worker_states)
-        stream = WorkerStream(self.dataset, self.batch_size, self.collate_fn, drop_last, order, run_dir)
+        ring = self.shared_ring and home is not None and not self.loader_kwargs.get("pin_memory", False)
+        stream = WorkerStream(
+            self.dataset, self.batch_size, self.collate_fn, drop_last, order, run_dir, ring=ring
+        )
         # The launcher holds no reference back to this TorchLoader: an iterator dropped unfinished is then
         # freed (and its workers stopped, unless they persist) by reference counting, not by a later
         # garbage collection.
-        launcher = WorkerLauncher(stream, self.num_workers, self._dataloader_kwargs(), home)
+        launcher: Callable[[dict[int, Any], frozenset[int]], Iterator[Item]]
+        if self._thread_options is not None and self.num_workers > 0:
+            launcher = ThreadLauncher(stream, self.num_workers, self._thread_options)
+        else:
+            launcher = WorkerLauncher(stream, self.num_workers, self._dataloader_kwargs(), home)
         merge = MergeNode(launcher, self.num_workers)
         # Loader-side stages run in this process, inside the trainer's wait: timed apart from the workers'.
         clock = StageClock() if self.stages and stage_times_enabled() else None
@@ -355,7 +402,7 @@ class TorchLoader:
             node,
             header(shape, ctx, origin),
             self._telemetry(node, ctx, clock),
-            self._watchdog(merge, run_dir),
+            self._watchdog(merge, run_dir, launcher),
             ctx.identity(),
             clock,
         )
@@ -377,7 +424,7 @@ class TorchLoader:
         self._live.start(iterator, warn=True)
         return iterator
 
-    def _watchdog(self, merge: MergeNode, run_dir: str | None) -> StallWatchdog | None:
+    def _watchdog(self, merge: MergeNode, run_dir: str | None, launcher: object) -> StallWatchdog | None:
         """The stall watchdog of one iteration (`shardcache.loader.watchdog`), None when turned off."""
         after = self.stall_warning_s
         if not after:
@@ -385,7 +432,10 @@ class TorchLoader:
         workers = self.num_workers
 
         def describe(waited: float) -> str:
-            return describe_stall(waited, after, merge.next_worker, dict(merge.arrived_at), workers, run_dir)
+            arrived = dict(merge.arrived_at)
+            if isinstance(launcher, ThreadLauncher):
+                return describe_thread_stall(waited, after, merge.next_worker, arrived, launcher.threads())
+            return describe_stall(waited, after, merge.next_worker, arrived, workers, run_dir)
 
         return StallWatchdog(after, lambda: merge.waiting_since, describe)
 

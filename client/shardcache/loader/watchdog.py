@@ -7,7 +7,8 @@ each worker last delivered, and where each worker is: every worker registers `fa
 signal and reads the file. faulthandler dumps from its C signal handler, without the GIL, so a worker stuck
 in C code (a lock, a socket, a decoder) shows its Python stack too. Then the loader keeps waiting; the
 next stall after an item arrives warns again. Without workers (`num_workers=0`) the warning shows the main
-process's threads. docs/troubleshooting.md says how to read it.
+process's threads; with thread workers (`workers="threads"`) it names the stuck worker thread and shows
+every worker thread's stack, read in the process itself. docs/troubleshooting.md says how to read it.
 
 The watchdog is one daemon thread per iteration. It sleeps on an Event, so it holds no lock a fork could
 copy, and it writes the warning inside `forksafe.background_work()`.
@@ -126,6 +127,14 @@ def worker_stack(run_dir: str, worker: int) -> tuple[int | None, str]:
     return pid, text.strip() or f"(no stack written within {_DUMP_WAIT_S:g}s)"
 
 
+def thread_stack(thread: threading.Thread) -> str:
+    """Where `thread` of this process is now, most recent call last (or why there is no stack)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "(the thread has ended)"
+    return "".join(traceback.format_stack(frame)).rstrip()
+
+
 def main_process_stacks() -> str:
     """Every thread of this process, most recent call last (the iteration without workers)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
@@ -206,5 +215,34 @@ def describe_stall(
         lines.append(f"  worker {worker} (pid {pid}): {seen}{awaited}")
         stacks.append(f"--- worker {worker} (pid {pid}), most recent call first ---\n{stack}")
     lines.append("Where each worker is:")
+    lines.extend(stacks)
+    return "\n".join(lines)
+
+
+def describe_thread_stall(
+    waited_s: float,
+    after_s: float,
+    waiting_for: int,
+    arrived_at: dict[int, float],
+    threads: dict[int, threading.Thread],
+) -> str:
+    """The warning for a stall of thread workers (`workers="threads"`): the worker thread awaited, each
+    one's last item and its stack, read in this process (no signal needed)."""
+    now = time.monotonic()
+    lines = [
+        f"TorchLoader: no item for {waited_s:.0f}s; the merge waits for worker thread {waiting_for} of "
+        f"{len(threads)} (stall_warning_s={after_s:g}; stall_warning_s=0 or {STALL_WARNING_ENV}=0 turns this "
+        "warning off). Still waiting. See docs/troubleshooting.md, 'A loader that stalls'."
+    ]
+    stacks = []
+    for worker, thread in sorted(threads.items()):
+        last = arrived_at.get(worker)
+        seen = "no item yet" if last is None else f"last item {now - last:.1f}s ago"
+        awaited = " <- awaited" if worker == waiting_for else ""
+        lines.append(f"  worker {worker} (thread {thread.name}): {seen}{awaited}")
+        stacks.append(
+            f"--- worker {worker} (thread {thread.name}), most recent call last ---\n{thread_stack(thread)}"
+        )
+    lines.append("Where each worker thread is:")
     lines.extend(stacks)
     return "\n".join(lines)

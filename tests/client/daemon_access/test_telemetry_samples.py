@@ -59,10 +59,10 @@ def test_count_items_counts_the_samples_of_a_batch(batch: Any, samples: int) -> 
 
 
 def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict(  # type: ignore[no-untyped-def]
-    local_shards: ShardSet, daemon_factory, start_method: str
+    local_shards: ShardSet, daemon_factory, loader_mode: str
 ) -> None:
     pytest.importorskip("torch")
-    from harness.start_methods import worker_context
+    from harness.start_methods import loader_workers
     from shardcache import TorchLoader
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
@@ -72,7 +72,7 @@ def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict( 
         num_workers=2,
         batch_size=3,
         collate_fn=nested,
-        multiprocessing_context=worker_context(start_method),
+        **loader_workers(loader_mode),
     )
     it = iter(loader)
     assert sum(len(batch["meta"]["key"]) for batch in it) == TOTAL
@@ -81,17 +81,15 @@ def test_a_torch_loader_counts_samples_of_batches_whose_first_column_is_a_dict( 
 
 
 def test_a_torch_loader_without_batches_counts_one_sample_per_item(  # type: ignore[no-untyped-def]
-    local_shards: ShardSet, daemon_factory, start_method: str
+    local_shards: ShardSet, daemon_factory, loader_mode: str
 ) -> None:
     pytest.importorskip("torch")
-    from harness.start_methods import worker_context
+    from harness.start_methods import loader_workers
     from shardcache import TorchLoader
 
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=str(daemon.socket), job="single")
-    loader = TorchLoader(
-        ds.map(with_image), num_workers=1, multiprocessing_context=worker_context(start_method)
-    )
+    loader = TorchLoader(ds.map(with_image), num_workers=1, **loader_workers(loader_mode))
     it = iter(loader)
     assert len(list(it)) == TOTAL
     it.close()

@@ -298,12 +298,15 @@ def by_key(batches: list[dict[str, Any]], field: str) -> dict[str, np.ndarray]:
     return {k: b[field][i].numpy() for b in batches for i, k in enumerate(b["__key__"])}
 
 
-def test_a_pipeline_with_dataloader_workers_decodes_every_format_end_to_end(image_tars: list[str]) -> None:
+@pytest.mark.parametrize("workers", ["processes", "threads"])
+def test_a_pipeline_with_dataloader_workers_decodes_every_format_end_to_end(
+    image_tars: list[str], workers: str
+) -> None:
     ds = Dataset.from_source("tars", image_tars, daemon=None)
     for ext in FORMATS:
         ds = ds.map(images.decode(ext, 48, seed=0))
     ds = ds.select(list(FORMATS))
-    batches = list(TorchLoader(ds, num_workers=2, batch_size=4))
+    batches = list(TorchLoader(ds, num_workers=2, batch_size=4, workers=workers))
     assert sum(len(b["__key__"]) for b in batches) == 24
     assert all(
         b[ext].shape[1:] == (48, 48, 3) and b[ext].dtype == torch.uint8 for b in batches for ext in FORMATS

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness.pipelines import FakeDeviceMesh, make_tars
-from harness.start_methods import worker_context
+from harness.start_methods import loader_workers, worker_context
 
 torch_data = pytest.importorskip("torch.utils.data")
 
@@ -52,16 +52,10 @@ def test_dataset_is_an_iterable_dataset_for_a_plain_dataloader(
     assert len(seen) == 20 and set(seen.values()) == {1}
 
 
-def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str], start_method: str) -> None:
+def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str], loader_mode: str) -> None:
     ds = Dataset.from_source("tars", tars, daemon=None)
     loader = (
-        TorchLoader(
-            ds,
-            num_workers=2,
-            batch_size=3,
-            collate_fn=identity,
-            multiprocessing_context=worker_context(start_method),
-        )
+        TorchLoader(ds, num_workers=2, batch_size=3, collate_fn=identity, **loader_workers(loader_mode))
         .unbatch()
         .shuffle(buffer_size=6, seed=1)
         .assemble(Pairs)
@@ -76,7 +70,7 @@ def test_worker_batches_unbatch_shuffle_assemble_batch(tars: list[str], start_me
     assert flat == [k for b in loader for pair in b for k in pair]  # deterministic across runs of an epoch
 
 
-def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str], start_method: str) -> None:
+def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str], loader_mode: str) -> None:
     def run(tp: int) -> list[str]:
         mesh = FakeDeviceMesh({"dp": 1, "tp": 2}, {"dp": 0, "tp": tp})
         ctx = RuntimeContext.from_runtime(
@@ -84,13 +78,7 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str], start_meth
         )
         ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
         loader = (
-            TorchLoader(
-                ds,
-                num_workers=2,
-                batch_size=2,
-                collate_fn=identity,
-                multiprocessing_context=worker_context(start_method),
-            )
+            TorchLoader(ds, num_workers=2, batch_size=2, collate_fn=identity, **loader_workers(loader_mode))
             .unbatch()
             .shuffle(8)
         )
@@ -101,13 +89,13 @@ def test_loader_shuffle_is_aligned_for_tp_co_members(tars: list[str], start_meth
     assert len(first) == len(set(first)) == 20
 
 
-def test_explicit_context_counts_dataloader_workers(tars: list[str], start_method: str) -> None:
+def test_explicit_context_counts_dataloader_workers(tars: list[str], loader_mode: str) -> None:
     ctx = RuntimeContext(rank=1, world_size=2)
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx)
-    workers = worker_context(start_method)
-    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2, multiprocessing_context=workers)]
+    workers = loader_workers(loader_mode)
+    got = [s["__key__"] for s in TorchLoader(ds, num_workers=2, **workers)]
     other = Dataset.from_source("tars", tars, daemon=None, context=RuntimeContext(rank=0, world_size=2))
-    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, multiprocessing_context=workers)]
+    rest = [s["__key__"] for s in TorchLoader(other, num_workers=2, **workers)]
     assert len(got) == len(rest) == 10  # 2 ranks x 2 workers = 4 slots, one shard of 5 each
     assert len(set(got) | set(rest)) == 20
 
@@ -123,13 +111,12 @@ def as_array(sample: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_sample_mode_without_collate_fn_keeps_numpy_arrays(
-    tars: list[str], start_method: str, num_workers: int
+    tars: list[str], loader_mode: str, num_workers: int
 ) -> None:
     import numpy as np
 
     ds = Dataset.from_source("tars", tars, daemon=None).map(as_array)
-    context = worker_context(start_method) if num_workers else None
-    items = list(TorchLoader(ds, num_workers=num_workers, multiprocessing_context=context))
+    items = list(TorchLoader(ds, num_workers=num_workers, **loader_workers(loader_mode)))
     assert len(items) == 20 and all(type(item) is np.ndarray for item in items)
 
 

@@ -26,6 +26,7 @@ from harness.polling import wait_for
 pytest.importorskip("torch.utils.data")
 
 from shardcache import Dataset, TorchLoader  # noqa: E402
+from shardcache.context import torch_worker_id  # noqa: E402
 from shardcache.errors import ConfigError  # noqa: E402
 
 NUM_WORKERS = 2
@@ -47,10 +48,8 @@ def stall_until(sample: dict[str, Any], releases: dict[str, str]) -> str:
     key = str(sample["__key__"])
     release = releases.get(key)
     if release is not None:
-        import torch.utils.data as data
-
-        info = data.get_worker_info()
-        Path(release + ".holder").write_text(str(-1 if info is None else info.id))
+        worker = torch_worker_id()  # a worker process, or a thread running as one
+        Path(release + ".holder").write_text(str(-1 if worker is None else worker))
         deadline = time.monotonic() + HOLD_LIMIT_S
         while not Path(release).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -158,6 +157,27 @@ def test_a_stalled_worker_is_named_with_its_stack(
     assert all(f"worker {w} (pid " in warning for w in range(NUM_WORKERS)), "every worker is listed"
     assert "stall_until" in stack_of(warning, worker), "the held worker's stack, where it holds"
     assert "stall_warning_s=0" in warning, "it says how to turn it off"
+
+
+def test_a_stalled_worker_thread_is_named_with_its_stack(
+    tars: list[str], tmp_path: Path, caplog_warnings: pytest.LogCaptureFixture
+) -> None:
+    releases = {"s001_0002": tmp_path / "release"}
+    loader = TorchLoader(
+        holding(tars, releases), num_workers=NUM_WORKERS, workers="threads", stall_warning_s=STALL_WARNING_S
+    )
+    with iterating(loader, releases) as run:
+        [warning] = wait_for_stalls(caplog_warnings, 1)
+        worker = holder(releases["s001_0002"])
+        releases["s001_0002"].touch()
+        items = run.join()
+    assert sorted(items) == ALL_KEYS
+    assert f"the merge waits for worker thread {worker} of {NUM_WORKERS}" in warning
+    awaited = [line.strip() for line in warning.splitlines() if "<- awaited" in line]
+    assert len(awaited) == 1 and awaited[0].startswith(f"worker {worker} (thread shardcache-worker-{worker})")
+    header = f"--- worker {worker} (thread shardcache-worker-{worker})"
+    assert header in warning, "the held thread's stack"
+    assert "stall_until" in warning.split(header, 1)[1].split("--- worker ", 1)[0], "where it holds"
 
 
 def test_a_persistent_worker_stalled_in_a_later_epoch_is_named_with_its_stack(

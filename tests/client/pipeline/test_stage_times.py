@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.start_methods import worker_context
+from harness.start_methods import loader_workers
 from shardcache import Dataset, TorchLoader
 from shardcache.pipeline.iteration import PipelineIterator
 from shardcache.pipeline.stage_times import STAGE_TIMES_ENV, StageStats, TimedNode
@@ -103,12 +103,10 @@ def test_turning_stage_times_off_leaves_the_chain_untimed(local_shards, monkeypa
     assert ds.stats().seconds == {}
 
 
-def test_a_torch_loader_sums_its_workers_times_with_their_collate(local_shards, start_method) -> None:  # type: ignore[no-untyped-def]
+def test_a_torch_loader_sums_its_workers_times_with_their_collate(local_shards, loader_mode) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
     ds = Dataset.from_source("tars", local_shards.local_paths, daemon=None).map(slow).shuffle(4)
-    loader = TorchLoader(
-        ds, num_workers=2, batch_size=4, collate_fn=list, multiprocessing_context=worker_context(start_method)
-    )
+    loader = TorchLoader(ds, num_workers=2, batch_size=4, collate_fn=list, **loader_workers(loader_mode))
     assert sum(len(batch) for batch in loader) == SAMPLES
     stats = loader.stats()
     loader.close()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.contexts import contexts
 from harness.shards import unequal_keys, write_unequal_tars
-from harness.start_methods import DEFAULT, worker_context
+from harness.start_methods import DEFAULT, loader_workers
 from shardcache import Dataset, RuntimeContext, StateError, UnsupportedResume, merge_states
 
 ALL = unequal_keys()
@@ -207,27 +207,27 @@ def loader(tars: list[str], ctx: RuntimeContext, workers: int, method: str = DEF
     from shardcache import TorchLoader
 
     ds = Dataset.from_source("tars", tars, daemon=None, context=ctx).map(key_of)
-    processes = {"multiprocessing_context": worker_context(method)} if workers else {}
+    processes = loader_workers(method) if workers else {}
     return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **processes)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_torchloader_elastic_resume_from_2_to_4_workers_reads_every_remaining_sample_once(
-    tars: list[str], tmp_path: Path, start_method: str
+    tars: list[str], tmp_path: Path, loader_mode: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
     ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]  # 2 nodes x 1
     seen: list[str] = []
     states = []
     for ctx, batches in zip(ranks, (2, 5), strict=True):
-        it = iter(loader(tars, ctx, 2, start_method))
+        it = iter(loader(tars, ctx, 2, loader_mode))
         seen += [k for batch in itertools.islice(it, batches) for k in batch]
         states.append(it.state_dict())
         it.close()
     merged = merge_states(states)
     rest: list[str] = []
     for ctx in ranks:
-        resumed = loader(tars, ctx, 4, start_method)
+        resumed = loader(tars, ctx, 4, loader_mode)
         resumed.load_state_dict(merged)
         rest += [k for batch in resumed for k in batch]
     assert len(seen) == 21
@@ -235,21 +235,21 @@ def test_torchloader_elastic_resume_from_2_to_4_workers_reads_every_remaining_sa
 
 
 def test_torchloader_merged_state_on_the_same_topology_resumes_the_uninterrupted_order(
-    tars: list[str], start_method: str
+    tars: list[str], loader_mode: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
     ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]
-    uninterrupted = [[k for batch in loader(tars, ctx, 2, start_method) for k in batch] for ctx in ranks]
+    uninterrupted = [[k for batch in loader(tars, ctx, 2, loader_mode) for k in batch] for ctx in ranks]
     heads: list[list[str]] = []
     states = []
     for ctx in ranks:
-        it = iter(loader(tars, ctx, 2, start_method))
+        it = iter(loader(tars, ctx, 2, loader_mode))
         heads.append([k for batch in itertools.islice(it, 3) for k in batch])
         states.append(it.state_dict())
         it.close()
     merged = merge_states(states)
     for ctx, head, full in zip(ranks, heads, uninterrupted, strict=True):
-        resumed = loader(tars, ctx, 2, start_method)
+        resumed = loader(tars, ctx, 2, loader_mode)
         resumed.load_state_dict(merged)
         assert head + [k for batch in resumed for k in batch] == full
 
@@ -257,13 +257,13 @@ def test_torchloader_merged_state_on_the_same_topology_resumes_the_uninterrupted
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.parametrize(("workers", "new_ranks", "new_workers"), [(2, 3, 1), (1, 1, 2), (2, 4, 2)])
 def test_torchloader_elastic_resume_through_unbatch_shuffle_batch_reads_every_remaining_sample_once(
-    tars: list[str], workers: int, new_ranks: int, new_workers: int, start_method: str
+    tars: list[str], workers: int, new_ranks: int, new_workers: int, loader_mode: str
 ) -> None:
     """The recommended loader: worker micro-batches, then unbatch, a loader-side shuffle and batch."""
     pytest.importorskip("torch.utils.data")
 
     def recommended(ctx: RuntimeContext, n: int) -> Any:
-        return loader(tars, ctx, n, start_method).unbatch().shuffle(7, initial=4).batch(4)
+        return loader(tars, ctx, n, loader_mode).unbatch().shuffle(7, initial=4).batch(4)
 
     ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]
     seen: list[str] = []
@@ -373,14 +373,14 @@ def test_any_chain_of_elastic_resumes_reads_no_sample_twice_and_loses_only_drops
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_torchloader_elastic_resume_through_a_worker_side_shuffle_reads_every_remaining_sample_once(
-    tars: list[str], start_method: str
+    tars: list[str], loader_mode: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
     from shardcache import TorchLoader
 
     def shuffled(ctx: RuntimeContext, workers: int) -> Any:
         ds = Dataset.from_source("tars", tars, daemon=None, context=ctx).map(key_of).shuffle(5)
-        processes = {"multiprocessing_context": worker_context(start_method)} if workers else {}
+        processes = loader_workers(loader_mode) if workers else {}
         return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **processes)
 
     ranks = [RuntimeContext(rank=r, world_size=2, local_world_size=1) for r in range(2)]

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.pipelines import Resumable, assert_resumes, make_tars
-from harness.start_methods import DEFAULT, worker_context
+from harness.start_methods import DEFAULT, THREADS, loader_workers
 from shardcache import Dataset, RuntimeContext, StateError
 
 
@@ -89,7 +89,7 @@ def tars(f: Files, context: RuntimeContext | None = None) -> Dataset:
 def loader(f: Files, workers: int, method: str = DEFAULT) -> Any:
     from shardcache import TorchLoader
 
-    kwargs = {"multiprocessing_context": worker_context(method)} if workers else {}
+    kwargs = loader_workers(method) if workers else {}
     ds = tars(f).map(key_of)
     return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=keep_list, **kwargs)
 
@@ -171,6 +171,13 @@ def test_torch_loader_with_workers_resumes_exactly(files: Files, case: str, any_
     else:
         # Each pass with worker processes costs about a second here: fewer points with workers.
         assert_resumes(make, [1, 10_000])
+
+
+@pytest.mark.parametrize("case", list(LOADER_CASES))
+def test_torch_loader_with_thread_workers_resumes_exactly(files: Files, case: str) -> None:
+    """Thread workers start in microseconds: every point, as in the main process."""
+    pytest.importorskip("torch.utils.data")
+    assert_resumes(lambda: LOADER_CASES[case](files, 2, THREADS), POINTS)
 
 
 def test_state_from_world_size_2_is_refused_under_world_size_4(files: Files) -> None:

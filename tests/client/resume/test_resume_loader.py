@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness.pipelines import make_tars
-from harness.start_methods import DEFAULT, worker_context
+from harness.start_methods import DEFAULT, loader_workers
 
 pytest.importorskip("torch.utils.data")
 
@@ -38,7 +38,7 @@ def loader(
 ) -> TorchLoader:
     ds = Dataset.from_source("tars", tars, daemon=None, context=context).map(key_of)
     if workers:
-        kwargs.setdefault("multiprocessing_context", worker_context(method))
+        kwargs = {**loader_workers(method), **kwargs}
     return TorchLoader(ds, num_workers=workers, batch_size=3, collate_fn=identity, **kwargs)
 
 
@@ -51,28 +51,28 @@ def test_merge_order_does_not_depend_on_dataloader_delivery_order(tars: list[str
     )
 
 
-def test_state_is_small_json_without_sample_data(tars: list[str], start_method: str) -> None:
-    it = iter(loader(tars, 2, method=start_method).unbatch().shuffle(6, seed=1))
+def test_state_is_small_json_without_sample_data(tars: list[str], loader_mode: str) -> None:
+    it = iter(loader(tars, 2, method=loader_mode).unbatch().shuffle(6, seed=1))
     seen = [next(it) for _ in range(7)]
     text = json.dumps(it.state_dict())
     assert len(text) < 2000
     assert not any(key in text for key in seen)
 
 
-def test_resume_continues_the_epoch_of_the_state(tars: list[str], start_method: str) -> None:
-    first = loader(tars, 2, method=start_method)
+def test_resume_continues_the_epoch_of_the_state(tars: list[str], loader_mode: str) -> None:
+    first = loader(tars, 2, method=loader_mode)
     first.set_epoch(3)
     it = iter(first)
     head = [next(it) for _ in range(2)]
-    resumed = loader(tars, 2, method=start_method)  # no set_epoch: the state's epoch wins
+    resumed = loader(tars, 2, method=loader_mode)  # no set_epoch: the state's epoch wins
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    reference = loader(tars, 2, method=start_method)
+    reference = loader(tars, 2, method=loader_mode)
     reference.set_epoch(3)
     assert head + list(resumed) == list(reference)
 
 
-def test_state_from_other_num_workers_is_refused(tars: list[str], start_method: str) -> None:
-    it = iter(loader(tars, 2, method=start_method))
+def test_state_from_other_num_workers_is_refused(tars: list[str], loader_mode: str) -> None:
+    it = iter(loader(tars, 2, method=loader_mode))
     next(it)
     with pytest.raises(StateError, match="num_workers=2.*num_workers=0"):
         loader(tars, 0).load_state_dict(it.state_dict())

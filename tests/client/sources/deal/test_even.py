@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.pipelines import assert_resumes, slot_contexts, write_tar
-from harness.start_methods import worker_context
+from harness.start_methods import loader_workers
 from shardcache import Dataset, RuntimeContext, TorchLoader
 from shardcache.sources.manifests import write_manifest
 
@@ -165,15 +165,13 @@ def loader(
     ctx = RuntimeContext(rank=rank, world_size=world_size, seed=5)
     shards = {"tars": f.tars, "jsonl": f.jsonl, "parquet": f.parquet}[kind]
     ds = Dataset.from_source(kind, shards, daemon=None, even=even, context=ctx)
-    return TorchLoader(
-        ds, num_workers=2, batch_size=4, collate_fn=keep_list, multiprocessing_context=worker_context(method)
-    )
+    return TorchLoader(ds, num_workers=2, batch_size=4, collate_fn=keep_list, **loader_workers(method))
 
 
 @pytest.mark.parametrize("kind", ["tars", "jsonl", "parquet"])
 @pytest.mark.parametrize("even", ["drop", "pad"])
 def test_torch_loader_workers_yield_the_same_batches_on_every_rank(
-    files: Files, even: str, kind: str, start_method: str
+    files: Files, even: str, kind: str, loader_mode: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
     key, universe = {
@@ -181,7 +179,7 @@ def test_torch_loader_workers_yield_the_same_batches_on_every_rank(
         "jsonl": ("id", files.jsonl_ids),
         "parquet": ("id", files.parquet_ids),
     }[kind]
-    batches = [list(loader(files, even, rank, 3, start_method, kind)) for rank in range(3)]
+    batches = [list(loader(files, even, rank, 3, loader_mode, kind)) for rank in range(3)]
     counts = [len(b) for b in batches]
     assert counts == [counts[0]] * 3, f"batches per rank {counts}"
     ranks = [[(str(s[key]), bool(s.get("__pad__", False))) for b in rank for s in b] for rank in batches]
@@ -271,8 +269,8 @@ def test_every_mode_resumes_exactly_in_a_worker_slot(files: Files, even: str | N
 
 @pytest.mark.parametrize("even", MODES)
 def test_every_mode_resumes_exactly_through_torch_loader_workers(
-    files: Files, even: str | None, start_method: str
+    files: Files, even: str | None, loader_mode: str
 ) -> None:
     pytest.importorskip("torch.utils.data")
-    make: Callable[[], TorchLoader] = lambda: loader(files, even, 1, 3, start_method)  # noqa: E731
+    make: Callable[[], TorchLoader] = lambda: loader(files, even, 1, 3, loader_mode)  # noqa: E731
     assert_resumes(make, [1, 10_000])
