@@ -118,6 +118,26 @@ def unit_counts(node: Countable, units: Sequence[Unit]) -> list[int]:
     return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
 
 
+def known_counts(node: Countable, units: Sequence[Unit]) -> list[int] | None:
+    """Every unit's sample count where it is known without reading a shard (metadata, or an earlier
+    counting pass), else None: `unit_counts` without its counting pass."""
+    if isinstance(units, ShardUnits):
+        shards = units.shards
+        known = _KNOWN.get(shards, "counts", lambda: _known_counts(shards))
+        if known is not None:
+            return known
+    counts = node.facts.counts
+    if len(counts) < len(units):  # some unit was never counted: no need to look each one up
+        return None
+    found: list[int] = []
+    for unit in units:
+        count = unit.count if unit.count is not None else counts.get(unit_key(unit))
+        if count is None:
+            return None
+        found.append(count)
+    return found
+
+
 _KNOWN: IdentityMemo[list[int] | None] = IdentityMemo()
 
 
