@@ -13,8 +13,10 @@ world_size samples), every rank takes the same number of steps, and each epoch r
   directly): `fit(model, train_dataloaders=TorchLoader(...))`, then a plain DataLoader over a Dataset
   whose `count_samples()` ran at the start, before any Trainer or process group; Lightning's default
   end-of-epoch checkpoints.
-- `recipe_fits`, through a real daemon: the recipe (a DataModule returning the TorchLoader,
-  `ShardcacheCallback()`, `ModelCheckpoint(every_n_train_steps=27)`: a checkpoint 7 steps into epoch
+- `recipe_fits`, through a real daemon: the recipe over shards without sample counts, so the TorchLoader
+  has no length and Lightning fetches one batch ahead of the step it checkpoints (with a length:
+  `tests/frameworks/test_lightning_example.py`): a DataModule returning the TorchLoader,
+  `ShardcacheCallback()`, `ModelCheckpoint(every_n_train_steps=27)` (a checkpoint 7 steps into epoch
   1), which trains on to the end and is the resume reference; then a TorchLoader with the same
   ModelCheckpoint and no callback, which must fail at that checkpoint, naming the callback.
 - `resumed_fit`, no daemon: a new launch of the recipe, `fit(..., ckpt_path=<the step-27 checkpoint>)`,

@@ -46,7 +46,7 @@ from shardcache.pipeline.stage_times import (
     timed_stages,
 )
 from shardcache.resume.job import job_state
-from shardcache.resume.state import LiveState, StateDict, public
+from shardcache.resume.state import LiveState, StateDict, ended_epoch, public
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
@@ -344,8 +344,12 @@ class TorchLoader:
                 seed, num_workers or data-parallel layout; [InvalidResumeStateVersion]; [InvalidResumeState].
         """
         checked = check_loaded(self._shape(), state, self.dataset.resolve_context())
-        if not self.dataset.evaluation:  # an evaluation pass reads the whole set from the beginning
-            self._live.load(state, checked)
+        if self.dataset.evaluation:  # an evaluation pass reads the whole set from the beginning
+            return
+        self._live.load(state, checked)
+        after = ended_epoch(state)
+        if after is not None:  # the saved pass had ended: the next one reads the epoch after it
+            self.dataset.epoch_clock.advance_to(after + 1)
 
     # -- iteration ------------------------------------------------------------------------------------------
 

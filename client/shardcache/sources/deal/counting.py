@@ -127,8 +127,6 @@ def known_counts(node: Countable, units: Sequence[Unit]) -> list[int] | None:
         if known is not None:
             return known
     counts = node.facts.counts
-    if len(counts) < len(units):  # some unit was never counted: no need to look each one up
-        return None
     found: list[int] = []
     for unit in units:
         count = unit.count if unit.count is not None else counts.get(unit_key(unit))
