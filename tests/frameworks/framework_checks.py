@@ -51,12 +51,25 @@ def require(module: str) -> None:
 
 
 def write_shards(root: Path) -> str:
-    """The 8 tar shards under `root` (keys `s{shard}_{i}`, one json member each); their brace pattern."""
+    """The 8 tar shards under `root` (keys `s{shard}_{i}`, one json member each), and beside them their
+    manifest (`manifest_of`); their brace pattern."""
     root.mkdir(parents=True, exist_ok=True)
     for s, count in enumerate(SHARD_SAMPLES):
         members = [(f"s{s}_{i}.json", json.dumps({"shard": s, "i": i}).encode()) for i in range(count)]
         write_tar(root / f"shard_{s}.tar", members)
+    lines = [
+        json.dumps({"url": str(root / f"shard_{s}.tar"), "num_samples": count}) + "\n"
+        for s, count in enumerate(SHARD_SAMPLES)
+    ]
+    manifest_of(str(root)).write_text("".join(lines))
     return str(root / f"shard_{{0..{len(SHARD_SAMPLES) - 1}}}.tar")
+
+
+def manifest_of(shards: str) -> Path:
+    """The manifest `write_shards` wrote beside the shards of `shards` (their pattern, or their folder):
+    the same shards with their sample counts, so a dataset over it has a length."""
+    folder = Path(shards) if Path(shards).is_dir() else Path(shards).parent
+    return folder / "shards.manifest.jsonl"
 
 
 @dataclass(frozen=True)

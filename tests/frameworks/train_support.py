@@ -52,6 +52,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.batches: list[dict[str, Any]] = []
+        self.length: int | None = None  # the batches per epoch the framework planned (a loader's len())
 
     def record(self, step: int, epoch: int, kids: torch.Tensor) -> None:
         self.batches.append({"step": step, "epoch": epoch, "keys": key_names(kids)})
@@ -67,6 +68,7 @@ class Recorder:
             "world_size": world_size,
             "completed": completed,
             "error": error,
+            "length": self.length,
             "batches": self.batches,
         }
         temp = out / f".rank{rank}.{os.getpid()}.tmp"

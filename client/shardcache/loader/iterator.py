@@ -150,12 +150,12 @@ class LoaderIterator:
 
     def _state(self, pipeline: State, items: int | None) -> LoaderState:
         """The loader's flat state (`LoaderState`): its header, the items of the epoch yielded before this
-        position (when known), then the nodes' positions `pipeline`."""
+        position (for a pass of known length, when known), then the nodes' positions `pipeline`."""
         if self.header is None:
             raise UnsupportedResume("this TorchLoader iteration has no resume state")
         # (A cast: mypy wants every key of the TypedDict in a `**` literal, `items` too, which is optional.)
         state = cast(LoaderState, {**self.header, "pipeline": pipeline})
-        if items is not None:
+        if items is not None and self.length is not None:  # what a resumed pass of that length needs
             state["items"] = items
         return state
 
