@@ -117,8 +117,8 @@ def _check_fixed_without_even(
     (`whole_rank`: the pass is every worker's of the rank, not one worker's alone)."""
     if ctx.dp_size > 1:
         raise LengthUnknown(
-            f"without even=, each of the {ctx.dp_size} ranks reads whole shards: a different number of "
-            f"samples every epoch. {_EVEN_HINT}"
+            f"without even=, the {ctx.dp_size} ranks' shares are not cut to a fixed number of samples (whole "
+            f"shards: a different number every epoch). {_EVEN_HINT}"
         )
     additive = reader.batching is None and all(s.one_to_one or s.keeps_count for s in spec.stages)
     if ctx.num_workers > 1 and not (whole_rank and additive):

@@ -251,14 +251,17 @@ class SourceNode(Node):
         if self.spec.resample:
             raise LengthUnknown("the source resamples (resample=True): its passes never end")
         units = select_units(self.spec.kind, self.units(), self.spec.hints.subset)
-        counts = known_counts(self, units)
-        if counts is None:
-            raise LengthUnknown(
-                f"the sample counts of this {self.spec.kind} source's shards are not known before reading "
-                "them: give a manifest with num_samples (`shardcache manifest`), or call "
-                "Dataset.count_samples(always=True) once on every rank before asking"
-            )
+        unknown = LengthUnknown(
+            f"the sample counts of this {self.spec.kind} source's shards are not known before reading "
+            "them: give a manifest with num_samples (`shardcache manifest`), or call "
+            "Dataset.count_samples(always=True) once on every rank before asking"
+        )
+        if known_counts(self, units) is None:  # before planning: the deal would count them by reading
+            raise unknown
         pieces = self.slot_pieces(units, 0)
+        counts = known_counts(self, units)  # as planning left them: a kind that cuts its own rows refills
+        if counts is None:
+            raise unknown
         return sum(counts[p.unit] - p.start if p.stop is None else p.stop - p.start for p in pieces)
 
     def count(self, unit: Unit) -> int:

@@ -210,3 +210,14 @@ def test_parquet_row_counts_come_from_the_footers(tmp_path: Path) -> None:
         pq.write_table(pa.table({"i": list(range(rows))}), tmp_path / f"part_{s}.parquet", row_group_size=4)
     ds = Dataset.from_source("parquet", str(tmp_path / "*.parquet"), daemon=None)
     assert len(ds) == sum(1 for _ in ds) == 17
+
+
+@pytest.mark.parametrize("even", ["drop", "pad"])
+def test_lance_row_counts_come_from_the_dataset(tmp_path: Path, even: str) -> None:
+    lance = pytest.importorskip("lance")
+    pa = pytest.importorskip("pyarrow")
+    lance.write_dataset(pa.table({"i": list(range(37))}), str(tmp_path / "rows.lance"), max_rows_per_file=10)
+    for r in range(3):
+        ctx = RuntimeContext(rank=r, world_size=3, seed=1)
+        ds = Dataset.from_source("lance", str(tmp_path / "rows.lance"), context=ctx, even=even)
+        assert len(ds) == sum(1 for _ in ds) == (12 if even == "drop" else 13)
