@@ -57,12 +57,14 @@ class ShardcacheCallback(TrainerCallback, ExportableState):  # type: ignore[misc
     """Exact `resume_from_checkpoint` of a TorchLoader under the Hugging Face Trainer (see the module)."""
 
     def __init__(self) -> None:
-        # The job-wide data state of the step the Trainer is about to save (`state()` hands it over).
+        # The job-wide data state of the step the Trainer is about to save (`state()` hands it over), and
+        # that step: a checkpoint must hold its own step's position, never an earlier one.
         self.data_state: StateDict | None = None
+        self.data_step: int | None = None
 
     def state(self) -> dict[str, Any]:
         """What the Trainer writes into the checkpoint's `trainer_state.json` for this callback."""
-        return {"args": {}, "attributes": {"data_state": self.data_state}}
+        return {"args": {}, "attributes": {"data_state": self.data_state, "data_step": self.data_step}}
 
     def on_init_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
@@ -77,7 +79,7 @@ class ShardcacheCallback(TrainerCallback, ExportableState):  # type: ignore[misc
         loader.own_epochs = True
         if state.global_step == 0:
             return
-        saved = _saved_data_state(state)
+        saved, step = _saved_data_state(state)
         if saved is None:
             raise ConfigError(
                 f"resuming at step {state.global_step} from a checkpoint whose trainer_state.json holds no "
@@ -85,19 +87,28 @@ class ShardcacheCallback(TrainerCallback, ExportableState):  # type: ignore[misc
                 "checkpoint saved with the callback",
                 code="UnsupportedResume",
             )
+        if step != state.global_step:
+            raise ConfigError(
+                f"the checkpoint of step {state.global_step} holds the data position of step {step}: a "
+                "callback listed after ShardcacheCallback decided that save, after the position was taken. "
+                "List ShardcacheCallback after the callbacks that set control.should_save",
+                code="UnsupportedResume",
+            )
         loader.load_state_dict(saved)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
-        self._take_if_saving(control, kwargs)
+        self._take_if_saving(state, control, kwargs)
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
-        self._take_if_saving(control, kwargs)
+        self._take_if_saving(state, control, kwargs)
 
-    def _take_if_saving(self, control: TrainerControl, kwargs: dict[str, object]) -> None:
+    def _take_if_saving(
+        self, state: TrainerState, control: TrainerControl, kwargs: dict[str, object]
+    ) -> None:
         # Called after the Trainer's own flow callback decided this step's save and evaluation (it runs
         # first), before the save: an evaluation may decide a save too (save_strategy="best").
         if not (control.should_save or control.should_evaluate):
@@ -105,18 +116,22 @@ class ShardcacheCallback(TrainerCallback, ExportableState):  # type: ignore[misc
         loader = _torch_loader(kwargs.get("train_dataloader"))
         loader.state_scope = "job"
         self.data_state = loader.state_dict()  # every rank at once: the gather inside is a collective
+        self.data_step = state.global_step
 
 
-def _saved_data_state(state: TrainerState) -> StateDict | None:
-    """The data state in the `trainer_state.json` the Trainer resumed from (None: none saved there)."""
+def _saved_data_state(state: TrainerState) -> tuple[StateDict | None, int | None]:
+    """The data state in the `trainer_state.json` the Trainer resumed from, and the step it was taken at
+    (None: none saved there)."""
     # A dict of states by callback class once built or loaded (its annotation says list: what it is given).
     states: object = state.stateful_callbacks
     saved = states.get(ShardcacheCallback.__name__) if isinstance(states, dict) else None
     if isinstance(saved, list):  # the Trainer lists the states of several callbacks of one class
         saved = saved[-1] if saved else None
     attributes = saved.get("attributes") if isinstance(saved, dict) else None
-    data = attributes.get("data_state") if isinstance(attributes, dict) else None
-    return data if isinstance(data, dict) else None
+    if not isinstance(attributes, dict):
+        return None, None
+    data, step = attributes.get("data_state"), attributes.get("data_step")
+    return (data if isinstance(data, dict) else None), (step if isinstance(step, int) else None)
 
 
 def _torch_loader(loader: object) -> TorchLoader:
