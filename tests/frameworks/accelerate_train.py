@@ -15,7 +15,7 @@ Runs:
 - shard: the same with `DataLoaderConfiguration(dispatch_batches=False)` (IterableDatasetShard).
 
 The resume recipe (`save_state`/`load_state`) is `examples/frameworks/accelerate_loop.py`, which
-`tests/frameworks/test_accelerate_example.py` runs.
+`tests/frameworks/test_examples.py` runs.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ What each way of handing the data to `accelerator.prepare` must give, per epoch 
 Equal steps per rank and a new order each epoch hold for all three. `prepared`, through a real daemon,
 runs the TorchLoader, the dispatched and the sharded DataLoader in turn. The resume recipe
 (`register_for_checkpointing`, `save_state`, `load_state`) and the evaluation with `gather_for_metrics` are
-`examples/frameworks/accelerate_loop.py`, run by `tests/frameworks/test_accelerate_example.py`.
+`examples/frameworks/accelerate_loop.py`, run by `tests/frameworks/test_examples.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Launches run under the watchdog (240 s; `ddp_timeout=60`).
   see every sample, at least once: Accelerate completes the last, short batch with samples of the first
   (up to world_size * batch_size - 1 = 15 repeats per epoch). Nothing may be lost.
 - The recipe over shards without sample counts (the TorchLoader has no length, the Trainer restarts its
-  epoch count at 0 on a resume; with a length, `tests/frameworks/test_hf_trainer_example.py`): a Trainer
+  epoch count at 0 on a resume; with a length, `tests/frameworks/test_examples.py`): a Trainer
   whose `get_train_dataloader()` returns a TorchLoader, with `shardcache.transformers.ShardcacheCallback()`:
   every sample once per epoch less `even="drop"`'s remainder (fewer than world_size), equal steps, a new
   order each epoch, and a `resume_from_checkpoint` from the checkpoint of step 27 (7 steps into epoch 1)

@@ -16,7 +16,7 @@ world_size samples), every rank takes the same number of steps, and each epoch r
   the batches its workers yield; Lightning's default end-of-epoch checkpoints.
 - `recipe_fits`, through a real daemon: the recipe over shards without sample counts, so the TorchLoader
   has no length and Lightning fetches one batch ahead of the step it checkpoints (with a length:
-  `tests/frameworks/test_lightning_example.py`): a DataModule returning the TorchLoader,
+  `tests/frameworks/test_examples.py`): a DataModule returning the TorchLoader,
   `ShardcacheCallback()`, `ModelCheckpoint(every_n_train_steps=27)` (a checkpoint 7 steps into epoch
   1), which trains on to the end and is the resume reference; then a TorchLoader with the same
   ModelCheckpoint and no callback, which must fail at that checkpoint, naming the callback.
