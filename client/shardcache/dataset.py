@@ -10,6 +10,7 @@ whose `state_dict()` a trainer checkpoints (`shardcache.resume`).
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,14 +19,16 @@ from shardcache.context import RuntimeContext, in_main_process, torch_worker_id
 from shardcache.daemon_access.telemetry import items_are_batches
 from shardcache.epochs import EpochClock
 from shardcache.errors import ConfigError
-from shardcache.frameworks import accelerate_context, accelerate_dispatch_batch
+from shardcache.frameworks import accelerate_context, accelerate_dispatch_batch, as_one_process, length_asker
 from shardcache.node import Node
 from shardcache.pipeline import mini_epochs as chunks
 from shardcache.pipeline import mixing, subsets
 from shardcache.pipeline.build import build
 from shardcache.pipeline.consume import Consumer, consume
+from shardcache.pipeline.evaluation import EVALUATION_EPOCH, evaluation_spec
 from shardcache.pipeline.from_source import source_pipeline
 from shardcache.pipeline.iteration import PipelineIterator, start
+from shardcache.pipeline.length import Batching, Reader, pass_length
 from shardcache.pipeline.mixed import mixed_source
 from shardcache.pipeline.stage_times import StageStats
 from shardcache.resume.check import spec_parts
@@ -39,6 +42,8 @@ from shardcache.sources.opener import DaemonSetting
 from shardcache.spec import PipelineSpec
 from shardcache.stages import Stage, builders
 from shardcache.stages.resolve_ref import resolve_ref_stage
+
+logger = logging.getLogger(__name__)
 
 
 def _register_with_torch() -> None:
@@ -59,15 +64,17 @@ class Dataset:
         ...     train_step(sample)
     """
 
-    def __init__(self, spec: PipelineSpec, *, epoch: int | None = None) -> None:
+    def __init__(self, spec: PipelineSpec, *, epoch: int | None = None, evaluation: bool = False) -> None:
         self._spec = spec
         # The next pass's epoch, shared with DataLoader workers; an epoch given here is pinned.
         self._clock = EpochClock(epoch, pinned=epoch is not None)
         self._live = LiveState()
+        self._evaluation = evaluation  # `for_evaluation`: one fixed pass, no position to resume
         _register_with_torch()
 
     def _derive(self, spec: PipelineSpec) -> Dataset:
-        return Dataset(spec, epoch=self._clock.next if self._clock.pinned else None)
+        epoch = self._clock.next if self._clock.pinned else None
+        return Dataset(spec, epoch=epoch, evaluation=self._evaluation)
 
     # -- construction ---------------------------------------------------------------------------------------
 
@@ -149,6 +156,34 @@ class Dataset:
         ctx = self.resolve_context()
         specs = chunks.mini_epochs(self._spec, ctx, shards_per_chunk, num_workers=num_workers)
         return [Dataset(spec, epoch=ctx.epoch) for spec in specs]
+
+    def for_evaluation(self, *, even: str | None = "pad") -> Dataset:
+        """This dataset as a validation or test set: one fixed order, every sample exactly once across the
+        ranks, the same in every pass (`shardcache.pipeline.evaluation`).
+
+        Units are read in source order at one epoch that `set_epoch` and new passes leave alone; the
+        dataset has no position to resume (`state_dict()` always starts the next pass from the beginning).
+
+        Args:
+            even: "pad" (default): every rank reads the same number of samples, the last ones repeated and
+                marked `__pad__: True` (every other sample `False`): leave those out of the metrics. None:
+                whole shards per rank, so ranks may take different numbers of steps (for a loop that takes
+                uneven inputs).
+
+        Raises:
+            ConfigError: a mix, a resampled source, or `even` neither "pad" nor None.
+
+        Example:
+            >>> val = Dataset.from_source("tars", "s3://bucket/val/{0..7}.tar")  # doctest: +SKIP
+            >>> loader = TorchLoader(val.for_evaluation(), batch_size=64)  # doctest: +SKIP
+        """
+        spec = evaluation_spec(self._spec, even)
+        return Dataset(spec, epoch=EVALUATION_EPOCH, evaluation=True)
+
+    @property
+    def evaluation(self) -> bool:
+        """Whether this is an evaluation dataset (`for_evaluation`)."""
+        return self._evaluation
 
     def epoch_shard_order(self) -> list[int]:
         """Indices into ``source.shards`` in the order this epoch reads them (what `mini_epochs` cuts)."""
@@ -242,6 +277,9 @@ class Dataset:
         shuffles derive from (seed, epoch). Without it, each new pass reads the epoch after the last one."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r}: expected a non-negative integer")
+        if self._evaluation:  # frameworks call it on every loader; an evaluation set has one order
+            logger.debug("Dataset.set_epoch(%r) ignored: an evaluation dataset reads one fixed order", epoch)
+            return
         self._clock.pin(epoch)
 
     @property
@@ -275,7 +313,10 @@ class Dataset:
                 [ResumeIdentityMismatch] (another pipeline, seed or slot), [InvalidResumeStateVersion],
                 [InvalidResumeState] (not a state).
         """
-        self._live.load(state, check_loaded(self._spec, state, self.resolve_context()))
+        checked = check_loaded(self._spec, state, self.resolve_context())
+        if self._evaluation:  # checked, but every pass reads the whole set from the beginning
+            return
+        self._live.load(state, checked)
         after = ended_epoch(state)
         if after is not None:  # the saved pass had ended: the next one reads the epoch after it
             self._clock.advance_to(after + 1)
@@ -351,6 +392,34 @@ class Dataset:
         """This pass's context: the resolved one, or a job of one process where Accelerate splits the stream
         among the ranks itself (`shardcache.frameworks.accelerate_context`)."""
         return accelerate_context(self.resolve_context(), self)
+
+    def __len__(self) -> int:
+        """The items one pass in this process yields: for this rank, under torch.distributed (its share
+        of the epoch: samples, or batches after a `.batch()`). Asked by a torch DataLoader (its `__len__`),
+        the answer is what that DataLoader's own workers and batching make of it, so its `len()` is the
+        number of batches it yields. Known when every shard's sample count is known (manifests, parquet,
+        Lance, `count_samples`) and `even=` fixes each rank's share (`shardcache.pipeline.length`).
+
+        Raises:
+            LengthUnknown: (a TypeError) the length is not known before reading; the message says why and
+                how to get one.
+        """
+        asker = length_asker()
+        if asker is None:
+            return pass_length(self._spec, Reader(self._reader_context(), workers=None))
+        ctx = self.resolve_context()
+        if asker.splits:  # Accelerate splits this dataset's stream: it reads the whole epoch
+            ctx = as_one_process(ctx)
+        size = asker.batch_size
+        batching = None if size is None else Batching(size, asker.drop_last)
+        length = pass_length(self._spec, Reader(ctx, asker.workers, batching))
+        # torch's DataLoader turns the dataset's length into batches itself (ceil or floor of length /
+        # batch_size): whole batches of the steps its workers really make give it the exact number.
+        return length if size is None else length * size
+
+    def __bool__(self) -> bool:
+        # A dataset is an object, not a container: without this, `if ds:` would ask `__len__`.
+        return True
 
     def build(self, ctx: RuntimeContext) -> Node:
         """The node chain of this pipeline for one slot (`shardcache.pipeline.build`)."""

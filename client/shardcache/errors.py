@@ -20,7 +20,8 @@ ShardcacheError
 │       └── CorruptImageError            an image field `shardcache.images` cannot decode (names the sample)
 ├── CacheError                           Lance `.cache()` failures (lock timeouts, bad entries)
 ├── StateError (also ValueError)         a resume state does not fit this pipeline (alias: ResumeStateError)
-└── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
+├── UnsupportedResume (also RuntimeError) a stage or source cannot save or restore its position
+└── LengthUnknown (also TypeError)       `len()` of a pass whose length is not known before reading
 """
 
 from __future__ import annotations
@@ -284,6 +285,12 @@ class UnsupportedResume(ShardcacheError, RuntimeError):
 
     def __init__(self, *args: object, code: str | None = "UnsupportedResume") -> None:
         super().__init__(*args, code=code)
+
+
+class LengthUnknown(ShardcacheError, TypeError):
+    """`len()` of a Dataset or TorchLoader whose pass length is not known before reading; the message says
+    what is missing and how to get it. A TypeError, as Python's `len()` raises for an object without a
+    length: torch, Lightning and the Hugging Face Trainer then treat the loader as one without a length."""
 
 
 class CorruptImageError(CorruptShardError):

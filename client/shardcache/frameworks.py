@@ -17,6 +17,13 @@ Two frameworks take a dataset's stream out of its hands, and the loader must kno
   (its fetcher reads one ahead of an unsized loader). `called_by_lightning` lets TorchLoader refuse to give
   Lightning a state that would resume wrong, naming the callback that makes it right
   (`shardcache.lightning.ShardcacheCallback`).
+- **The Hugging Face Trainer** resumes a loader it did not prepare by rebuilding it around its dataset
+  (Accelerate's `skip_first_batches`, which reads DataLoader attributes a TorchLoader does not have).
+  `called_by_accelerate_skip` lets TorchLoader refuse that with the same kind of error, naming
+  `shardcache.transformers.ShardcacheCallback`.
+- **torch's DataLoader** turns its dataset's `len()` into batches with a formula that ignores its workers
+  (each worker batches its own share); `length_asker` tells `Dataset.__len__` which DataLoader is asking,
+  so the answer can make that formula give the batches the workers really yield.
 
 Only modules already imported are consulted: nothing here imports a framework.
 """
@@ -24,7 +31,8 @@ Only modules already imported are consulted: nothing here imports a framework.
 from __future__ import annotations
 
 import sys
-from types import FrameType
+from dataclasses import dataclass
+from types import CodeType, FrameType
 from typing import Any
 
 from shardcache.context import RuntimeContext
@@ -46,6 +54,73 @@ def called_by_lightning(depth: int = 1) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def called_by_accelerate_skip(depth: int = 1) -> bool:
+    """Whether the caller of the function `depth` frames up runs inside Accelerate's `skip_first_batches`."""
+    frame: FrameType | None = sys._getframe(depth + 1)
+    for _ in range(_ACCELERATE_SKIP_DEPTH):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "skip_first_batches" and str(frame.f_globals.get("__name__", "")).startswith(
+            "accelerate."
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+# Frames between an attribute lookup on a TorchLoader and `skip_first_batches`: its dict comprehension.
+_ACCELERATE_SKIP_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class LengthAsker:
+    """A torch DataLoader asking its dataset's length (`length_asker`): its workers and batching, and whether
+    Accelerate splits the dataset's stream among the ranks itself (the dataset then reads the whole epoch)."""
+
+    workers: int
+    batch_size: int | None
+    drop_last: bool
+    splits: bool
+
+
+# Frames between `Dataset.__len__` and the `__len__` asking: none (`len()` is a builtin), one for a wrapper.
+_LENGTH_DEPTH = 2
+
+
+def length_asker(depth: int = 1) -> LengthAsker | None:
+    """Who asks the length of the dataset whose `__len__` is `depth` frames up: torch's `DataLoader.__len__`
+    (Accelerate's loaders run it too) or Accelerate's `IterableDatasetShard.__len__`; None for anyone
+    else (the user's code, a progress bar)."""
+    askers: dict[CodeType, str] = {}
+    loader_module = sys.modules.get("torch.utils.data.dataloader")
+    if loader_module is not None:
+        askers[loader_module.DataLoader.__len__.__code__] = "loader"
+    accelerate = sys.modules.get("accelerate.data_loader")
+    shard_type = getattr(accelerate, "IterableDatasetShard", None)
+    if shard_type is not None:
+        askers[shard_type.__len__.__code__] = "shard"
+    frame: FrameType | None = sys._getframe(depth + 1)
+    for _ in range(_LENGTH_DEPTH):
+        if frame is None:
+            return None
+        kind = askers.get(frame.f_code)
+        if kind == "shard":  # its own length is the whole stream's, in samples
+            return LengthAsker(0, None, False, splits=True)
+        if kind == "loader":
+            loader = frame.f_locals.get("self")
+            dispatcher = getattr(accelerate, "DataLoaderDispatcher", ())
+            size = getattr(loader, "batch_size", None)
+            return LengthAsker(
+                int(getattr(loader, "num_workers", 0)),
+                size if isinstance(size, int) else None,
+                bool(getattr(loader, "drop_last", False)),
+                splits=isinstance(loader, dispatcher),
+            )
+        frame = frame.f_back
+    return None
 
 
 def accelerate_active_dataloader() -> Any:
@@ -129,6 +204,11 @@ def accelerate_context(ctx: RuntimeContext, dataset: object) -> RuntimeContext:
             "instead: see docs/frameworks.md (shardcache.transformers.ShardcacheCallback)",
             code="UnsupportedResume",
         )
+    return as_one_process(ctx)
+
+
+def as_one_process(ctx: RuntimeContext) -> RuntimeContext:
+    """`ctx` as a job of one process (its workers, epoch and seed): the reader of a whole epoch."""
     return RuntimeContext(
         rank=0,
         world_size=1,

@@ -4,7 +4,8 @@ What Lightning does to a loader it trains from (pytorch-lightning 2.6; docs/fram
 
 - It iterates the loader once per epoch and calls `set_epoch` only on a sampler: a TorchLoader (or a
   Dataset in a plain DataLoader) moves to the next epoch by itself (`shardcache.epochs`).
-- Its fetcher reads one batch ahead of an unsized loader, to know which batch is the last.
+- Its fetcher reads one batch ahead of a loader without a length, to know which batch is the last; with a
+  length (`len(TorchLoader)`, known with manifests and `even=`) it stops after that many batches.
 - On a checkpoint every rank calls the loader's `state_dict()` (the loop's `on_save_checkpoint`), but only
   rank 0's checkpoint file is written, and on `fit(ckpt_path=...)` every rank loads that one state.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -65,8 +67,17 @@ def _fetched_ahead(trainer: Any) -> int:
     return len(getattr(fetcher, "batches", ()) or ())
 
 
+# Lightning's warning for any IterableDataset with a length: it cannot tell whether each DataLoader worker
+# reads its own part. A shardcache Dataset deals each worker its own samples, and its length counts the
+# batches those workers really make (`shardcache.pipeline.length`), so the warning does not apply.
+_LENGTH_WARNING = r"Your `IterableDataset` has `__len__` defined"
+
+
 class ShardcacheCallback(_lightning().Callback):  # type: ignore[misc]
     """Exact mid-epoch resume of TorchLoaders under Lightning, on any number of ranks (see the module)."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        warnings.filterwarnings("ignore", message=_LENGTH_WARNING)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # Before any checkpoint of this run; the iterator Lightning made already keeps the position before

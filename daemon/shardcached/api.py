@@ -67,6 +67,16 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": STATUS_MEANINGS[code]} for code in statuses}
 
 
+# A failing health check answers its own model, not an ErrorBody: probes read `status` and `detail`.
+_FAILING_HEALTH: dict[int | str, dict[str, Any]] = {
+    503: {
+        "model": Health,
+        "description": "The daemon cannot serve now (its cache directory vanished and cannot be recreated "
+        'yet): status "failing", the reason in `detail`',
+    }
+}
+
+
 def _json_body(model: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` documenting a request body that the route reads raw (the hot path parses it)."""
     return {
@@ -137,12 +147,12 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         telemetry.record(body)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-    @router.get("/telemetry")
+    @router.get("/telemetry", responses=_errors(422))
     async def telemetry_summary(job: str | None = None) -> TelemetrySummary:
         """The reporting jobs' totals (`job`: that one only): `shardcache stats --job`."""
         return telemetry.summary(job)
 
-    @router.get("/health", response_model=Health, responses=_errors(503))
+    @router.get("/health", response_model=Health, responses=_FAILING_HEALTH)
     async def health() -> Response:
         """Liveness, readiness and version (also served on the metrics listener): 503 with the reason in
         `detail` while the daemon cannot serve (its cache directory vanished and is not recreated yet)."""
@@ -156,7 +166,14 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
                 "model": SessionGrant,
                 "description": "The grant, as the first line of an answer that stays open",
             },
-            **_errors(422, 503),
+            # Its errors are JSON like every route's, though the grant's media type is NDJSON.
+            **{
+                code: {
+                    "description": STATUS_MEANINGS[code],
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                }
+                for code in (422, 503)
+            },
         },
         summary="Start a session that ends with this connection",
     )

@@ -19,6 +19,21 @@ def test_every_recording_rule_is_documented() -> None:
         assert f"`{name}`" in text, f"{name} is not in docs/metrics.md"
 
 
+def _recording_rules_table() -> list[str]:
+    """The `record` column of the table in docs/metrics.md's recording-rules section."""
+    section = (DOCS / "metrics.md").read_text().split("## Recording rules", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+
+
+def test_the_recording_rules_table_lists_exactly_the_rules_of_deploy_prometheus() -> None:
+    table = _recording_rules_table()
+    assert len(table) == len(set(table)), f"listed twice: {sorted({n for n in table if table.count(n) > 1})}"
+    assert set(table) == recorded_names(), (
+        f"in the rules, not the table: {sorted(recorded_names() - set(table))}; "
+        f"in the table, not the rules: {sorted(set(table) - recorded_names())}"
+    )
+
+
 def _anchors(markdown: str) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
     headings = [line.lstrip("#").strip() for line in markdown.splitlines() if line.startswith("#")]

@@ -13,10 +13,9 @@ Runs:
 - dispatch: `accelerator.prepare(model, opt, DataLoader(ds, batch_size=8, num_workers=2))`, the default
   configuration (Accelerate makes it a DataLoaderDispatcher: rank 0 reads, every rank gets a slice).
 - shard: the same with `DataLoaderConfiguration(dispatch_batches=False)` (IterableDatasetShard).
-- resumable: the TorchLoader with `state_scope="job"`, registered with `register_for_checkpointing`
-  (with a small object holding the loop's epoch and step); `accelerator.save_state(<out>/resumable/state)`
-  after global step `--save-at`, then on to the end.
-- resumed: the same, starting with `accelerator.load_state(--load)`, from the epoch and step it holds.
+
+The resume recipe (`save_state`/`load_state`) is `examples/frameworks/accelerate_loop.py`, which
+`tests/frameworks/test_examples.py` runs.
 """
 
 from __future__ import annotations
@@ -42,22 +41,7 @@ from tests.frameworks.train_support import (
     loss_of,
 )
 
-
-class Progress:
-    """Where the loop stands (epoch, global step), saved with the checkpoint like any registered object."""
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.step = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
-
-
-RUNS = ("torchloader", "dispatch", "shard", "resumable", "resumed")
+RUNS = ("torchloader", "dispatch", "shard")
 
 
 def accelerator_for(run: str) -> Accelerator:
@@ -70,8 +54,6 @@ def loader_for(run: str, shards: str) -> Any:
     ds = dataset(shards)
     if run == "torchloader":
         return TorchLoader(ds, batch_size=BATCH, num_workers=WORKERS)
-    if run in ("resumable", "resumed"):
-        return TorchLoader(ds, batch_size=BATCH, num_workers=WORKERS, state_scope="job")
     return torch.utils.data.DataLoader(
         # a torch IterableDataset at run time (registered), not to a type checker
         ds,  # type: ignore[arg-type]
@@ -86,26 +68,17 @@ def train(run: str, args: argparse.Namespace) -> None:
     layer = torch.nn.Linear(1, 1)
     optimiser = torch.optim.SGD(layer.parameters(), lr=1e-6)
     model, optimiser, loader = accelerator.prepare(layer, optimiser, loader_for(run, args.shards))
-    progress = Progress()
-    if run in ("resumable", "resumed"):
-        accelerator.register_for_checkpointing(loader, progress)
-    if run == "resumed":
-        accelerator.load_state(str(args.load))
     recorder = Recorder()
     completed = False
+    step = 0
     try:
-        for epoch in range(progress.epoch, EPOCHS):
-            progress.epoch = epoch
+        for epoch in range(EPOCHS):
             for batch in loader:
-                recorder.record(progress.step, epoch, batch["kid"])
+                recorder.record(step, epoch, batch["kid"])
                 optimiser.zero_grad()
                 accelerator.backward(loss_of(model, batch["x"]))
                 optimiser.step()
-                progress.step += 1
-                if run == "resumable" and progress.step == args.save_at:
-                    accelerator.save_state(
-                        str(args.out / run / "state")
-                    )  # every rank calls it; rank 0 writes
+                step += 1
         completed = True
     finally:
         recorder.write(
@@ -119,10 +92,6 @@ def main() -> None:
     parser.add_argument("--shards", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", required=True, help=f"comma-separated, in order: {', '.join(RUNS)}")
-    parser.add_argument(
-        "--save-at", type=int, default=27, help="resumable: save_state after this global step"
-    )
-    parser.add_argument("--load", type=Path, default=None, help="resumed: the state directory to load")
     args = parser.parse_args()
     for run in args.runs.split(","):
         if run not in RUNS:

@@ -1,7 +1,8 @@
-"""Fixtures of the framework tests: the shards every launch reads, and a daemon for the launches that use one.
+"""Fixtures of the framework tests: the shards the test scripts read, the toy dataset the examples read
+(written by `examples/frameworks/toy.py`, as a user writes it), and a daemon for the launches that use one.
 
-Module-scoped, like the launches that read them: one daemon per test module, so its metrics count that
-module's launches only.
+The daemons are module-scoped, like the launches that read them: one daemon per test module, so its
+metrics count that module's launches only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.devservers import Daemon, start_daemon
-from tests.frameworks.framework_checks import write_shards
+from tests.frameworks.framework_checks import ToyData, write_shards, write_toy_data
 
 
 @pytest.fixture(scope="module", params=["processes", "threads"])
@@ -31,6 +32,12 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_shards(tmp_path_factory.mktemp("framework-shards"))
 
 
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> ToyData:
+    """The examples' toy dataset (train and validation tar shards with their manifests)."""
+    return write_toy_data(tmp_path_factory.mktemp("toy-data"))
+
+
 @pytest.fixture(scope="module")
 def no_daemon() -> Iterator[Path]:
     """A socket path where no daemon listens (SHARDCACHE_SOCKET for the launches without one): the default
@@ -43,13 +50,12 @@ def no_daemon() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def daemon(shards: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A real shardcached allowed to read the shards (socket under a short /tmp path)."""
+def daemon(shards: str, toy: ToyData, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A real shardcached allowed to read the shards and the toy dataset (socket under a short /tmp path)."""
     folder = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
     logs = tmp_path_factory.mktemp("framework-daemon")
-    started = start_daemon(
-        folder / "d.sock", logs / "cache", [str(Path(shards).parent)], log=logs / "daemon.log"
-    )
+    allowed = [str(Path(shards).parent), str(toy.root)]
+    started = start_daemon(folder / "d.sock", logs / "cache", allowed, log=logs / "daemon.log")
     try:
         yield started
     finally:

@@ -28,9 +28,9 @@ from tests.frameworks.training_plan import EPOCHS, WORLD
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+EXAMPLES = REPO / "examples" / "frameworks"
 # 8 shards of unequal sizes (315 samples): no rank's share is a round number of batches.
 SHARD_SAMPLES = (35, 44, 38, 41, 36, 43, 37, 41)
-TOTAL = sum(SHARD_SAMPLES)
 ALL_KEYS = frozenset(f"s{s}_{i}" for s, n in enumerate(SHARD_SAMPLES) for i in range(n))
 # What even="drop" (the default under torch.distributed) leaves out per epoch: fewer than world_size.
 DROP_BOUND = WORLD - 1
@@ -51,12 +51,54 @@ def require(module: str) -> None:
 
 
 def write_shards(root: Path) -> str:
-    """The 8 tar shards under `root` (keys `s{shard}_{i}`, one json member each); their brace pattern."""
+    """The 8 tar shards under `root` (keys `s{shard}_{i}`, one json member each), and beside them their
+    manifest (`manifest_of`); their brace pattern."""
     root.mkdir(parents=True, exist_ok=True)
     for s, count in enumerate(SHARD_SAMPLES):
         members = [(f"s{s}_{i}.json", json.dumps({"shard": s, "i": i}).encode()) for i in range(count)]
         write_tar(root / f"shard_{s}.tar", members)
+    lines = [
+        json.dumps({"url": str(root / f"shard_{s}.tar"), "num_samples": count}) + "\n"
+        for s, count in enumerate(SHARD_SAMPLES)
+    ]
+    manifest_of(str(root)).write_text("".join(lines))
     return str(root / f"shard_{{0..{len(SHARD_SAMPLES) - 1}}}.tar")
+
+
+def manifest_of(shards: str) -> Path:
+    """The manifest `write_shards` wrote beside the shards of `shards` (their pattern, or their folder):
+    the same shards with their sample counts, so a dataset over it has a length."""
+    folder = Path(shards) if Path(shards).is_dir() else Path(shards).parent
+    return folder / "shards.manifest.jsonl"
+
+
+@dataclass(frozen=True)
+class ToyData:
+    """The examples' toy dataset as `examples/frameworks/toy.py` wrote it: its folder, and every key of each
+    split (read back from the manifests, whose shard `shard_<s>.tar` holds keys `s<s>_0` ...)."""
+
+    root: Path
+    train_keys: frozenset[str]
+    val_keys: frozenset[str]
+
+    def shards_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.root.glob("*/shard_*.tar"))
+
+
+def write_toy_data(root: Path) -> ToyData:
+    """Run `python examples/frameworks/toy.py <root>`, as a user makes the examples' data."""
+    done = run_watched([sys.executable, str(EXAMPLES / "toy.py"), str(root)], 120.0, cwd=REPO)
+    assert done.returncode == 0, f"toy.py failed:\n{done.stdout}"
+
+    def keys(split: str) -> frozenset[str]:
+        found: set[str] = set()
+        for line in (root / f"{split}.manifest.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            shard = int(Path(row["url"]).stem.removeprefix("shard_"))
+            found.update(f"s{shard}_{i}" for i in range(int(row["num_samples"])))
+        return frozenset(found)
+
+    return ToyData(root, keys("train"), keys("val"))
 
 
 # What a cluster or launcher around the test run would leave in the environment: Lightning and torchrun
@@ -89,15 +131,15 @@ def launch_env(socket: str | Path, workers: str = "processes") -> dict[str, str]
     }
 
 
-def python(name: str, *args: str) -> list[str]:
-    """The command line of `python tests/frameworks/<name> <args>`."""
-    return [sys.executable, str(HERE / name), *args]
+def python(name: str, *args: str, folder: Path = HERE) -> list[str]:
+    """The command line of `python <folder>/<name> <args>` (by default a script of tests/frameworks/)."""
+    return [sys.executable, str(folder / name), *args]
 
 
-def torchrun(name: str, *args: str) -> list[str]:
-    """The command line of `torchrun --standalone --nproc_per_node 2 tests/frameworks/<name> <args>`."""
+def torchrun(name: str, *args: str, folder: Path = HERE) -> list[str]:
+    """The command line of `torchrun --standalone --nproc_per_node 2 <folder>/<name> <args>`."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}"]
-    return [*launcher, str(HERE / name), *args]
+    return [*launcher, str(folder / name), *args]
 
 
 @dataclass
@@ -137,6 +179,21 @@ def reports(launch: Launch, run: str) -> list[Report]:
     found = sorted((json.loads(path.read_text()) for path in paths), key=lambda r: int(r["rank"]))
     ranks = [int(report["rank"]) for report in found]
     assert ranks == list(range(WORLD)), f"{run}: reports from ranks {ranks} only:\n{launch.describe()}"
+    return found
+
+
+def traces(launch: Launch) -> list[Report]:
+    """The step traces (by rank) an example wrote under `<out>/trace` (`examples/frameworks/toy.py`'s
+    `StepTrace`), as reports the checks read: training batches under ``batches``, each with its epoch (the
+    framework's, or its step // the loader's length where the framework numbers none: the Trainer's)."""
+    found = reports(launch, "trace")
+    for report in found:
+        length = report["length"]
+        for batch in report["train"]:
+            if batch["epoch"] is None:
+                assert length, f"rank {report['rank']}: no epochs and no length to derive them from"
+                batch["epoch"] = batch["step"] // length
+        report["batches"] = report["train"]
     return found
 
 
@@ -192,22 +249,24 @@ def assert_each_epoch_reads_the_dataset_once(
     lost_at_most: int = DROP_BOUND,
     repeats_at_most: int = 0,
     epochs: int = EPOCHS,
+    dataset: frozenset[str] = ALL_KEYS,
 ) -> None:
-    """Every epoch, across the ranks: only dataset keys, at most `repeats_at_most` repeats (a framework's
+    """Every epoch, across the ranks: only `dataset` keys, at most `repeats_at_most` repeats (a framework's
     padding) and at most `lost_at_most` samples never seen (even="drop"'s remainder)."""
     for epoch in range(epochs):
         keys = [key for report in reports for key in epoch_keys(report, epoch)]
         counts = Counter(keys)
-        strangers = sorted(set(counts) - ALL_KEYS)
+        strangers = sorted(set(counts) - dataset)
         repeats = sum(n - 1 for n in counts.values())
-        lost = sorted(ALL_KEYS - set(counts))
+        lost = sorted(dataset - set(counts))
         assert not strangers, f"epoch {epoch}: keys not in the dataset: {strangers[:10]}"
         assert repeats <= repeats_at_most, (
             f"epoch {epoch}: {repeats} repeated samples (at most {repeats_at_most} allowed), e.g. "
             f"{[k for k, n in counts.items() if n > 1][:10]}"
         )
         assert len(lost) <= lost_at_most, (
-            f"epoch {epoch}: {len(lost)} of {TOTAL} samples never seen (at most {lost_at_most} allowed); "
+            f"epoch {epoch}: {len(lost)} of {len(dataset)} samples never seen (at most {lost_at_most} "
+            "allowed); "
             f"{len(keys)} samples read; per rank {[len(epoch_keys(r, epoch)) for r in reports]}; "
             f"e.g. {lost[:10]}"
         )
@@ -265,6 +324,56 @@ def assert_resumed_exactly(full: Sequence[Report], resumed: Sequence[Report], st
         )
 
 
+def assert_length_is_the_steps_of_every_epoch(reports: Sequence[Report], epochs: int = EPOCHS) -> None:
+    """The training loader's `len()` that the example recorded is the steps each epoch took on each rank."""
+    for report in reports:
+        steps = [epoch_steps(report, epoch) for epoch in range(epochs)]
+        assert report["length"] is not None and steps == [report["length"]] * epochs, (
+            f"rank {report['rank']}: len() said {report['length']}, the epochs took {steps} steps"
+        )
+
+
+def evaluation_runs(report: Report) -> list[list[tuple[str, bool]]]:
+    """Each evaluation run of one rank: its samples in order, each with whether it is a real one (not one
+    of the repeats that even out the ranks)."""
+    return [list(zip(run["keys"], run["valid"], strict=True)) for run in report["evals"]]
+
+
+def assert_evaluations_read_the_same_samples_in_the_same_order(*launches: Sequence[Report]) -> int:
+    """Every evaluation run of each rank, in every launch, read the same samples in the same order (with the
+    same repeats marked); returns how many runs were compared."""
+    compared = 0
+    for rank in range(WORLD):
+        runs = [run for reports in launches for run in evaluation_runs(reports[rank])]
+        assert runs, f"rank {rank}: no evaluation ran"
+        for i, run in enumerate(runs[1:], 1):
+            assert run == runs[0], (
+                f"rank {rank}: evaluation run {i} read {[k for k, _ in run][:8]}..., run 0 read "
+                f"{[k for k, _ in runs[0]][:8]}... ({len(run)} against {len(runs[0])} samples)"
+            )
+        compared += len(runs)
+    return compared
+
+
+def assert_every_evaluation_reads_each_sample_once(
+    reports: Sequence[Report], dataset: frozenset[str]
+) -> None:
+    """In every evaluation run, across the ranks, each real sample exactly once; every rank the same number
+    of samples (so the same steps); the repeats that make them equal (fewer than the ranks) marked."""
+    for i, runs in enumerate(zip(*(evaluation_runs(report) for report in reports), strict=True)):
+        real = Counter(key for run in runs for key, valid in run if valid)
+        repeated = sorted(key for key, n in real.items() if n > 1)
+        assert set(real) == dataset and not repeated, (
+            f"evaluation run {i}: {len(dataset - set(real))} samples missing (e.g. "
+            f"{sorted(dataset - set(real))[:6]}), {len(repeated)} read twice (e.g. {repeated[:6]})"
+        )
+        sizes = [len(run) for run in runs]
+        pads = sum(1 for run in runs for _, valid in run if not valid)
+        assert sizes == [sizes[0]] * len(sizes) and pads < WORLD, (
+            f"evaluation run {i}: samples per rank {sizes}, {pads} repeats marked"
+        )
+
+
 # -- the daemon ------------------------------------------------------------------------------------------
 
 
@@ -280,8 +389,12 @@ def shard_bytes(pattern: str) -> int:
     return sum(path.stat().st_size for path in Path(pattern).parent.glob("shard_*.tar"))
 
 
-def assert_read_through_the_daemon(launch: Launch, daemon: Daemon, shards: str) -> None:
-    """The launch opened every shard of every epoch through the daemon, which fetched the dataset."""
+def assert_read_through_the_daemon(
+    launch: Launch, daemon: Daemon, shards: str | None = None, *, dataset_bytes: int | None = None
+) -> None:
+    """The launch opened every shard of every epoch through the daemon, which fetched the dataset (the
+    shards of `shards`' folder, or `dataset_bytes`)."""
     served = launch.daemon_opens
     assert served is not None and served >= 8 * EPOCHS, f"the daemon served {served} opens"
-    assert metric(daemon, "shardcache_fetched_bytes_total") >= shard_bytes(shards)
+    expected = dataset_bytes if dataset_bytes is not None else shard_bytes(str(shards))
+    assert metric(daemon, "shardcache_fetched_bytes_total") >= expected

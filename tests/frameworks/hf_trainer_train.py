@@ -12,10 +12,14 @@ in the same two processes; each is one `trainer.train()` with its output directo
 Runs:
 - train_dataset: `Trainer(train_dataset=<shardcache Dataset>)`; the Trainer builds a DataLoader and
   prepares it through Accelerate (a DataLoaderDispatcher: rank 0 reads, every rank gets a slice).
-- torchloader: the recipe: a Trainer subclass whose `get_train_dataloader()` returns a TorchLoader, with
-  `callbacks=[shardcache.transformers.ShardcacheCallback()]` and `ignore_data_skip=True`.
-- train_dataset_resumed, torchloader_resumed: the same, `trainer.train(resume_from_checkpoint=True)`
-  (the latest checkpoint in its output directory, which the caller put there).
+- torchloader: the recipe over shards without sample counts (so the TorchLoader has no length and the
+  Trainer needs max_steps): a Trainer subclass whose `get_train_dataloader()` returns a TorchLoader, with
+  `callbacks=[shardcache.transformers.ShardcacheCallback()]`.
+- bare: the same TorchLoader without the callback.
+- train_dataset_resumed, torchloader_resumed, bare_resumed: the same, `trainer.train(
+  resume_from_checkpoint=True)` (the latest checkpoint in its output directory, which the caller put
+  there). bare_resumed must fail on every rank at once, before any collective: it records its error in its
+  report instead of raising, and the launch goes on with the next run.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ from tests.frameworks.train_support import BATCH, EPOCHS, PG_TIMEOUT_S, WORKERS,
 # epochs and part of a fourth even if an epoch took up to 23 steps.
 STEPS_PER_EPOCH = 20
 MAX_STEPS = EPOCHS * STEPS_PER_EPOCH + 10
-RUNS = ("train_dataset", "torchloader", "train_dataset_resumed", "torchloader_resumed")
+RUNS = (
+    "train_dataset",
+    "torchloader",
+    "bare",
+    "train_dataset_resumed",
+    "torchloader_resumed",
+    "bare_resumed",
+)
 
 
 class KeyModel(torch.nn.Module):
@@ -108,24 +119,30 @@ def train(run: str, args: argparse.Namespace) -> None:
         ddp_timeout=int(PG_TIMEOUT_S),
         learning_rate=1e-6,
         seed=0,
-        ignore_data_skip=setup == "torchloader",
     )
     passes = Passes()
     common: dict[str, Any] = {"model": KeyModel(), "args": training_args, "passes": passes}
     trainer: RecordingTrainer
     if setup == "train_dataset":
         trainer = RecordingTrainer(train_dataset=dataset(args.shards), callbacks=[passes], **common)
+    elif setup == "bare":
+        trainer = TorchLoaderTrainer(shards=args.shards, callbacks=[passes], **common)
     else:
         from shardcache.transformers import ShardcacheCallback
 
         trainer = TorchLoaderTrainer(shards=args.shards, callbacks=[passes, ShardcacheCallback()], **common)
     completed = False
+    error = None
     try:
         trainer.train(resume_from_checkpoint=True if resume else None)
         completed = True
+    except Exception as exc:
+        if run != "bare_resumed":
+            raise
+        error = f"{type(exc).__name__}: {exc}"
     finally:
         rank, world_size = training_args.process_index, training_args.world_size
-        trainer.recorder.write(out, rank, world_size, completed=completed)
+        trainer.recorder.write(out, rank, world_size, completed=completed, error=error)
 
 
 def main() -> None:

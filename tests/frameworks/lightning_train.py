@@ -10,9 +10,10 @@ fit starts rank 1 and the process group, later fits reuse them). Every training 
 after each fit, each rank writes `<out>/<run>/rank<r>.json`.
 
 Runs:
-- dataloader: a plain torch DataLoader (`batch_size=8, num_workers=2`) over a Dataset whose
-  `count_samples()` ran at the start of the script, before any Trainer or process group existed (so
-  later runs may come before it).
+- dataloader: a plain torch DataLoader (`batch_size=8, num_workers=2`) over a Dataset of the shards'
+  manifest (`--manifest`: every shard's sample count, so the DataLoader has a length and Lightning stops
+  each epoch after that many batches), whose `count_samples()` ran at the start of the script, before
+  any Trainer or process group existed (so later runs may come before it).
 - torchloader: `fit(model, train_dataloaders=TorchLoader(ds, batch_size=8, num_workers=2))`.
 - datamodule: the recipe: a LightningDataModule whose `train_dataloader()` returns the TorchLoader,
   `ShardcacheCallback()`, and `ModelCheckpoint(every_n_train_steps=K)` (files
@@ -59,6 +60,12 @@ class KeyRecorder(pl.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.recorder = Recorder()
+        self.batches_planned: int | None = None
+
+    def on_train_start(self) -> None:
+        # The batches Lightning plans per epoch: len() of the loader, or None without one.
+        planned = self.trainer.num_training_batches
+        self.batches_planned = None if planned == float("inf") else int(planned)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.recorder.record(self.global_step, self.current_epoch, batch["kid"])
@@ -126,12 +133,14 @@ def fit(run: str, args: argparse.Namespace, counted: Dataset | None) -> None:
         trainer.fit(model, **data, ckpt_path=args.resume if run == "resumed" else None)
         completed = True
     finally:
+        model.recorder.length = model.batches_planned
         model.recorder.write(out, trainer.global_rank, trainer.world_size, completed=completed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shards", required=True)
+    parser.add_argument("--manifest", help="the shards' manifest (dataloader run)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", required=True, help=f"comma-separated, in order: {', '.join(RUNS)}")
     parser.add_argument("--checkpoint-every", type=int, default=27, help="ModelCheckpoint every N steps")
@@ -143,7 +152,7 @@ def main() -> None:
             parser.error(f"unknown run {run!r}")
     counted = None
     if "dataloader" in runs:
-        counted = dataset(args.shards)
+        counted = dataset(args.manifest)
         counted.count_samples()  # before any Trainer or process group, as a user checking the data would
     for run in runs:
         fit(run, args, counted)

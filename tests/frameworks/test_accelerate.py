@@ -18,16 +18,10 @@ What each way of handing the data to `accelerator.prepare` must give, per epoch 
   and completes each worker's last buffer of world_size * batch_size samples with that worker's first
   samples: up to num_workers * (world_size * batch_size - 1) = 30 repeats per epoch. Nothing may be lost.
 
-Equal steps per rank and a new order each epoch hold for all three. The resume recipe is a TorchLoader
-with `state_scope="job"` registered with `register_for_checkpointing` (Accelerate saves rank 0's objects;
-a job-wide state holds every rank's position): `save_state` after global step 27 (7 steps into epoch 1),
-then on to the end; a second launch that starts with `load_state` must see exactly what it saw from step
-27 on.
-
-- `prepared`, through a real daemon: the TorchLoader, the dispatched and the sharded DataLoader, and the
-  resume recipe's reference run, in turn.
-- `loaded`, no daemon (SHARDCACHE_SOCKET names a path where none listens; daemon="auto" reads directly):
-  the resumed run.
+Equal steps per rank and a new order each epoch hold for all three. `prepared`, through a real daemon,
+runs the TorchLoader, the dispatched and the sharded DataLoader in turn. The resume recipe
+(`register_for_checkpointing`, `save_state`, `load_state`) and the evaluation with `gather_for_metrics` are
+`examples/frameworks/accelerate_loop.py`, run by `tests/frameworks/test_examples.py`.
 """
 
 from __future__ import annotations
@@ -39,14 +33,12 @@ import pytest
 from harness.devservers import Daemon
 from tests.frameworks.framework_checks import (
     Launch,
-    assert_completed,
     assert_each_epoch_reads_the_dataset_once,
     assert_ended_well,
     assert_equal_steps,
     assert_new_order_each_epoch,
     assert_no_sample_repeats_within_an_epoch_on_a_rank,
     assert_read_through_the_daemon,
-    assert_resumed_exactly,
     launch_env,
     reports,
     require,
@@ -59,7 +51,6 @@ require("accelerate")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-SAVE_STEP = 27  # epoch 1 holds global steps 20..39: a save_state in its middle
 DISPATCH_REPEATS = WORLD * BATCH - 1
 SHARD_REPEATS = WORKERS * (WORLD * BATCH - 1)
 
@@ -80,26 +71,10 @@ def accelerate(
 def prepared(
     framework_workers: str, shards: str, daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
 ) -> Launch:
-    """Through the daemon: TorchLoader, dispatched and sharded DataLoader, then the resume recipe (saving
-    after step 27)."""
+    """Through the daemon: TorchLoader, dispatched and sharded DataLoader."""
     out = tmp_path_factory.mktemp("acc-prepared")
-    args = ["--runs", "torchloader,dispatch,shard,resumable", "--save-at", str(SAVE_STEP)]
+    args = ["--runs", "torchloader,dispatch,shard"]
     return accelerate(out, shards, daemon.socket, *args, daemon=daemon, workers=framework_workers)
-
-
-@pytest.fixture(scope="module")
-def loaded(
-    framework_workers: str,
-    prepared: Launch,
-    shards: str,
-    no_daemon: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Launch:
-    """No daemon: the resume recipe, starting with load_state of the state saved after step 27."""
-    assert_completed(prepared, "resumable")
-    out = tmp_path_factory.mktemp("acc-loaded")
-    args = ["--runs", "resumed", "--load", str(prepared.out / "resumable" / "state")]
-    return accelerate(out, shards, no_daemon, *args, workers=framework_workers)
 
 
 # -- accelerator.prepare(model, optimizer, TorchLoader(...)) ----------------------------------------------
@@ -156,21 +131,5 @@ def test_a_sharded_dataloader_reads_a_new_order_each_epoch(prepared: Launch) -> 
     assert_new_order_each_epoch(reports(prepared, "shard"))
 
 
-# -- the resume recipe: TorchLoader(state_scope="job"), register_for_checkpointing, save_state/load_state --
-
-
-def test_a_job_scoped_torchloader_reads_every_sample_once_per_epoch(prepared: Launch) -> None:
-    found = reports(prepared, "resumable")
-    assert_each_epoch_reads_the_dataset_once(found)
-    assert_no_sample_repeats_within_an_epoch_on_a_rank(found)
-    assert_equal_steps(found)
-    assert_new_order_each_epoch(found)
-
-
 def test_every_run_through_the_daemon_ends_without_error(prepared: Launch) -> None:
     assert_ended_well(prepared)
-
-
-def test_load_state_resumes_a_registered_torchloader_exactly(prepared: Launch, loaded: Launch) -> None:
-    assert_ended_well(loaded)
-    assert_resumed_exactly(reports(prepared, "resumable"), reports(loaded, "resumed"), SAVE_STEP)

@@ -10,20 +10,25 @@ Launches run under the watchdog (240 s; `ddp_timeout=60`).
   Accelerate's dispatcher (rank 0 iterates it, every rank gets a slice of each batch). Every epoch must
   see every sample, at least once: Accelerate completes the last, short batch with samples of the first
   (up to world_size * batch_size - 1 = 15 repeats per epoch). Nothing may be lost.
-- The recipe: a Trainer whose `get_train_dataloader()` returns a TorchLoader, with
-  `shardcache.transformers.ShardcacheCallback()` and `ignore_data_skip=True`: every sample once per
-  epoch less `even="drop"`'s remainder (fewer than world_size), equal steps, a new order each epoch, and
-  a `resume_from_checkpoint` from the checkpoint of step 27 (7 steps into epoch 1) that sees exactly what
-  the uninterrupted run saw from step 27 on.
+- The recipe over shards without sample counts (the TorchLoader has no length, the Trainer restarts its
+  epoch count at 0 on a resume; with a length, `tests/frameworks/test_examples.py`): a Trainer
+  whose `get_train_dataloader()` returns a TorchLoader, with `shardcache.transformers.ShardcacheCallback()`:
+  every sample once per epoch less `even="drop"`'s remainder (fewer than world_size), equal steps, a new
+  order each epoch, and a `resume_from_checkpoint` from the checkpoint of step 27 (7 steps into epoch 1)
+  that sees exactly what the uninterrupted run saw from step 27 on.
+- The same TorchLoader without the callback: its mid-epoch resume (the Trainer's replay through
+  Accelerate's `skip_first_batches`) must fail on every rank with an error naming `ShardcacheCallback`,
+  never replay silently, nor fail on a missing attribute.
 - `train_dataset=` with a mid-epoch `resume_from_checkpoint` cannot be exact (without a length the
   Trainer replays `global_step` batches of its epoch 0 through `skip_first_batches`): it must fail, naming
   the TorchLoader recipe, never replay silently.
 
-Fixtures: `trained`, through a real daemon: the train_dataset run, then the recipe (checkpoints at steps
-27, 54 and 70, the last). `restarted`, no daemon (SHARDCACHE_SOCKET names a path where none listens):
-each run again from a fresh output directory holding only its checkpoint of step 27, with
-`trainer.train(resume_from_checkpoint=True)` (a run stopped after that checkpoint, restarted as users
-restart one): the recipe first, then the train_dataset run, which must fail.
+Fixtures: `trained`, through a real daemon: the train_dataset run, the recipe and the bare TorchLoader
+(checkpoints at steps 27, 54 and 70, the last). `restarted`, no daemon (SHARDCACHE_SOCKET names a path
+where none listens): each run again from a fresh output directory holding only its checkpoint of step 27,
+with `trainer.train(resume_from_checkpoint=True)` (a run stopped after that checkpoint, restarted as users
+restart one): the recipe first, then the bare TorchLoader (which records its error), then the
+train_dataset run, which must fail the launch.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def trained(
 ) -> Launch:
     """Through the daemon: train_dataset, then the TorchLoader recipe; checkpoints every 27 steps."""
     out = tmp_path_factory.mktemp("hf-trained")
-    args = ["--runs", "train_dataset,torchloader", "--save-steps", str(SAVE_STEPS)]
+    args = ["--runs", "train_dataset,torchloader,bare", "--save-steps", str(SAVE_STEPS)]
     return hf_trainer(out, shards, daemon.socket, *args, daemon=daemon, workers=framework_workers)
 
 
@@ -92,15 +97,16 @@ def restarted(
     no_daemon: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Launch:
-    """No daemon: each run restarted from its checkpoint of step 27; the recipe, then train_dataset (last:
-    it must fail)."""
+    """No daemon: each run restarted from its checkpoint of step 27; the recipe, the bare TorchLoader, then
+    train_dataset (last: it must fail)."""
     out = tmp_path_factory.mktemp("hf-restarted")
-    for run_ in ("torchloader", "train_dataset"):
+    for run_ in ("torchloader", "bare", "train_dataset"):
         assert_completed(trained, run_)
         checkpoint = trained.out / run_ / "trainer" / f"checkpoint-{SAVE_STEPS}"
         assert checkpoint.is_dir(), f"no {checkpoint.name} among {sorted(checkpoint.parent.iterdir())}"
         shutil.copytree(checkpoint, out / f"{run_}_resumed" / "trainer" / checkpoint.name)
-    args = ["--runs", "torchloader_resumed,train_dataset_resumed", "--save-steps", str(SAVE_STEPS)]
+    runs = "torchloader_resumed,bare_resumed,train_dataset_resumed"
+    args = ["--runs", runs, "--save-steps", str(SAVE_STEPS)]
     return hf_trainer(out, shards, no_daemon, *args, workers=framework_workers)
 
 
@@ -135,8 +141,18 @@ def test_a_mid_epoch_resume_of_a_train_dataset_fails_naming_the_torchloader_reci
         "train_dataset_resumed",
         "TorchLoader",
         silently=f"resume_from_checkpoint of a train_dataset from step {SAVE_STEPS}: {what}",
-        after=["torchloader_resumed"],
+        after=["torchloader_resumed", "bare_resumed"],
     )
+
+
+def test_a_mid_epoch_resume_of_a_torchloader_without_the_callback_fails_naming_it(restarted: Launch) -> None:
+    found = reports(restarted, "bare_resumed")
+    errors = [report["error"] for report in found]
+    assert all(error and "ShardcacheCallback" in error for error in errors), (
+        f"the resume of a TorchLoader without ShardcacheCallback did not fail naming it on every rank: "
+        f"{errors}; completed {[report['completed'] for report in found]}"
+    )
+    assert all(error.startswith("ConfigError: [UnsupportedResume]") for error in errors), errors
 
 
 # -- the recipe: get_train_dataloader() returns a TorchLoader, with ShardcacheCallback ---------------------

@@ -10,11 +10,14 @@ Per epoch, across both ranks, every sample is seen once except `even="drop"`'s r
 world_size samples), every rank takes the same number of steps, and each epoch reads a new order.
 
 - `plain_fits`, no daemon (SHARDCACHE_SOCKET names a path where none listens; daemon="auto" reads
-  directly): `fit(model, train_dataloaders=TorchLoader(...))`, then a plain DataLoader over a Dataset
-  whose `count_samples()` ran at the start, before any Trainer or process group; Lightning's default
-  end-of-epoch checkpoints.
-- `recipe_fits`, through a real daemon: the recipe (a DataModule returning the TorchLoader,
-  `ShardcacheCallback()`, `ModelCheckpoint(every_n_train_steps=27)`: a checkpoint 7 steps into epoch
+  directly): `fit(model, train_dataloaders=TorchLoader(...))`, then a plain DataLoader over a Dataset of
+  the shards' manifest, whose `count_samples()` ran at the start, before any Trainer or process group:
+  the DataLoader has a length, so Lightning stops each epoch after len(DataLoader) batches, which must be
+  the batches its workers yield; Lightning's default end-of-epoch checkpoints.
+- `recipe_fits`, through a real daemon: the recipe over shards without sample counts, so the TorchLoader
+  has no length and Lightning fetches one batch ahead of the step it checkpoints (with a length:
+  `tests/frameworks/test_examples.py`): a DataModule returning the TorchLoader,
+  `ShardcacheCallback()`, `ModelCheckpoint(every_n_train_steps=27)` (a checkpoint 7 steps into epoch
   1), which trains on to the end and is the resume reference; then a TorchLoader with the same
   ModelCheckpoint and no callback, which must fail at that checkpoint, naming the callback.
 - `resumed_fit`, no daemon: a new launch of the recipe, `fit(..., ckpt_path=<the step-27 checkpoint>)`,
@@ -39,7 +42,9 @@ from tests.frameworks.framework_checks import (
     assert_no_sample_repeats_within_an_epoch_on_a_rank,
     assert_read_through_the_daemon,
     assert_resumed_exactly,
+    epoch_steps,
     launch_env,
+    manifest_of,
     python,
     reports,
     require,
@@ -72,7 +77,8 @@ def plain_fits(
 ) -> Launch:
     """No daemon: fit on a TorchLoader, then on a plain DataLoader over a Dataset counted at the start."""
     out = tmp_path_factory.mktemp("pl-plain")
-    return lightning(out, shards, no_daemon, "--runs", "torchloader,dataloader", workers=framework_workers)
+    args = ["--runs", "torchloader,dataloader", "--manifest", str(manifest_of(shards))]
+    return lightning(out, shards, no_daemon, *args, workers=framework_workers)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +126,20 @@ def test_a_dataloader_after_count_samples_reads_every_sample_once_per_epoch(plai
 
 def test_a_dataloader_after_count_samples_takes_equal_steps_on_both_ranks(plain_fits: Launch) -> None:
     assert_equal_steps(reports(plain_fits, "dataloader"))
+
+
+def test_a_dataloader_over_a_manifest_has_the_length_of_the_batches_its_workers_yield(
+    plain_fits: Launch,
+) -> None:
+    # torch's DataLoader.__len__ batches the dataset's length as one stream; each worker batches its own
+    # share, and Lightning stops an epoch after len() batches: a short length would lose the last ones.
+    found = reports(plain_fits, "dataloader")
+    planned = [report["length"] for report in found]
+    assert planned[0] is not None, "Lightning saw no length for the DataLoader over the manifest"
+    assert_each_epoch_reads_the_dataset_once(found)
+    for report in found:
+        steps = [epoch_steps(report, epoch) for epoch in range(EPOCHS)]
+        assert steps == [report["length"]] * EPOCHS, f"rank {report['rank']}: len {planned}, steps {steps}"
 
 
 def test_a_dataloader_reads_a_new_order_each_epoch(plain_fits: Launch) -> None:

@@ -52,15 +52,25 @@ class Recorder:
 
     def __init__(self) -> None:
         self.batches: list[dict[str, Any]] = []
+        self.length: int | None = None  # the batches per epoch the framework planned (a loader's len())
 
     def record(self, step: int, epoch: int, kids: torch.Tensor) -> None:
         self.batches.append({"step": step, "epoch": epoch, "keys": key_names(kids)})
 
-    def write(self, out: Path, rank: int, world_size: int, *, completed: bool) -> None:
+    def write(
+        self, out: Path, rank: int, world_size: int, *, completed: bool, error: str | None = None
+    ) -> None:
         """`<out>/rank<rank>.json`, written whole (a report is never half a file). A run that raised writes
-        what its steps saw until then (`completed` false): the tests show how far each rank got."""
+        what its steps saw until then (`completed` false) and, where the script caught it, the `error`."""
         out.mkdir(parents=True, exist_ok=True)
-        report = {"rank": rank, "world_size": world_size, "completed": completed, "batches": self.batches}
+        report = {
+            "rank": rank,
+            "world_size": world_size,
+            "completed": completed,
+            "error": error,
+            "length": self.length,
+            "batches": self.batches,
+        }
         temp = out / f".rank{rank}.{os.getpid()}.tmp"
         temp.write_text(json.dumps(report))
         temp.replace(out / f"rank{rank}.json")

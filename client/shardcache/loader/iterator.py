@@ -8,7 +8,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.errors import StateError, UnsupportedResume
@@ -31,6 +31,7 @@ class LoaderIterator:
         watchdog: StallWatchdog | None = None,
         runtime: Mapping[str, object] | None = None,
         clock: StageClock | None = None,
+        items: int | None = 0,
     ) -> None:
         self.node = node
         self.header = header
@@ -40,6 +41,10 @@ class LoaderIterator:
         self.exhausted = False  # raised StopIteration: the state is None, the next pass starts anew
         self.started = False  # yielded an item: the pass counts as its epoch's (`shardcache.epochs`)
         self.epoch = 0 if header is None else header["epoch"]
+        # Items of this epoch yielded so far, those before a resume included (None: not known, after an
+        # elastic resume); with the pass's `length` (`expect`), reaching it ends the pass.
+        self.items = items
+        self.length: int | None = None
         self._on_first: Callable[[int], None] | None = None
         self._next = node.__next__
         self.began = time.perf_counter()  # this pass's wall clock and the trainer's wait: `stats()`
@@ -63,6 +68,18 @@ class LoaderIterator:
         """Call `callback(epoch)` when this pass yields its first item (the dataset's epoch clock)."""
         self._on_first = callback
 
+    def expect(self, length: int) -> None:
+        """This pass ends after `length` items of its epoch: once it has yielded them it counts as exhausted
+        (its state says the pass ended), though its consumer never asked for one more. A framework that
+        knows a loader's length stops there (Lightning), and a checkpoint taken then must not resume an
+        epoch with nothing left in it."""
+        self.length = length
+        self._check_end()
+
+    def _check_end(self) -> None:
+        if self.length is not None and self.items is not None and self.items >= self.length:
+            self.exhausted = True
+
     def keep_positions(self, count: int) -> None:
         """Keep the positions before the latest `count` items (at least 1), for `state_dict(behind=...)`."""
         if count > (self._before.maxlen or 0):
@@ -82,6 +99,9 @@ class LoaderIterator:
         if telemetry is not None:
             telemetry.record(waited, item)
         self._before.append(before)
+        if self.items is not None:
+            self.items += 1
+            self._check_end()
         if not self.started:
             self.started = True
             if self._on_first is not None:
@@ -111,7 +131,7 @@ class LoaderIterator:
         the step it checkpoints; see `keep_positions`).
         """
         if behind <= 0:
-            pipeline, ended = self.node.state_dict(), self.exhausted
+            pipeline, ended, items = self.node.state_dict(), self.exhausted, self.items
         else:
             kept = self._before
             if len(kept) < behind:
@@ -121,17 +141,23 @@ class LoaderIterator:
                     code="InvalidResumeState",
                 )
             pipeline, ended = kept[-behind], False
-        return public(wrap(self._state(pipeline), self.runtime, ended=ended))
+            items = None if self.items is None else self.items - behind
+        return public(wrap(self._state(pipeline, items), self.runtime, ended=ended))
 
     def live_state(self) -> StateDict:
         """The position alone, without version or identity (mvp-dataset's `live_state()`)."""
-        return public(live_of(self._state(self.node.state_dict())))
+        return public(live_of(self._state(self.node.state_dict(), self.items)))
 
-    def _state(self, pipeline: State) -> LoaderState:
-        """The loader's flat state (`LoaderState`): its header, then the nodes' positions `pipeline`."""
+    def _state(self, pipeline: State, items: int | None) -> LoaderState:
+        """The loader's flat state (`LoaderState`): its header, the items of the epoch yielded before this
+        position (for a pass of known length, when known), then the nodes' positions `pipeline`."""
         if self.header is None:
             raise UnsupportedResume("this TorchLoader iteration has no resume state")
-        return {**self.header, "pipeline": pipeline}
+        # (A cast: mypy wants every key of the TypedDict in a `**` literal, `items` too, which is optional.)
+        state = cast(LoaderState, {**self.header, "pipeline": pipeline})
+        if items is not None and self.length is not None:  # what a resumed pass of that length needs
+            state["items"] = items
+        return state
 
     def close(self) -> None:
         """Stop the workers and close the loader-side stages."""

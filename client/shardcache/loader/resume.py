@@ -197,6 +197,15 @@ def check_state(shape: LoaderShape, state: object, ctx: RuntimeContext, fresh: b
         )
 
 
+def items_before(pending: Flat | None) -> int | None:
+    """The items of the epoch a loader's own state had yielded (0 with no state: a pass from the start;
+    None when the state does not say, as those taken before it was recorded)."""
+    if pending is None:
+        return 0
+    items = pending.get("items")
+    return items if isinstance(items, int) and not isinstance(items, bool) and items >= 0 else None
+
+
 def resume_start(
     shape: LoaderShape, pending: Flat | None, ctx: RuntimeContext
 ) -> tuple[Flat | None, dict[int, ElasticState], RuntimeContext]:

@@ -14,12 +14,19 @@ from typing import TYPE_CHECKING, Any, cast
 from shardcache.context import RuntimeContext
 from shardcache.daemon_access.telemetry import Telemetry, for_reader, items_are_batches
 from shardcache.dataset import Dataset
-from shardcache.errors import ConfigError, UnsupportedResume, positive_int
-from shardcache.frameworks import called_by_lightning
+from shardcache.errors import ConfigError, LengthUnknown, UnsupportedResume, positive_int
+from shardcache.frameworks import called_by_accelerate_skip, called_by_lightning
 from shardcache.loader.iterator import LoaderIterator, PlainIterator, merge_of
 from shardcache.loader.merge import MergeNode
 from shardcache.loader.plain import PlainNode, PlainStream
-from shardcache.loader.resume import LoaderShape, check_loaded, header, initial_state, resume_start
+from shardcache.loader.resume import (
+    LoaderShape,
+    check_loaded,
+    header,
+    initial_state,
+    items_before,
+    resume_start,
+)
 from shardcache.loader.stream import (
     EpochOrder,
     Item,
@@ -37,6 +44,7 @@ from shardcache.loader.watchdog import (
     stall_warning,
 )
 from shardcache.node import Node, state_of
+from shardcache.pipeline.length import Batching, Reader, pass_length
 from shardcache.pipeline.stage_times import (
     LOADER_PREFIX,
     StageClock,
@@ -46,7 +54,7 @@ from shardcache.pipeline.stage_times import (
     timed_stages,
 )
 from shardcache.resume.job import job_state
-from shardcache.resume.state import LiveState, StateDict, public
+from shardcache.resume.state import LiveState, StateDict, ended_epoch, public
 from shardcache.sources.deal.schedule import source_job
 from shardcache.stages import Stage, builders
 
@@ -182,6 +190,9 @@ class TorchLoader:
         # Made at the first iteration with workers: their run directory and, when they persist, the
         # DataLoader kept across epochs (`WorkerHome`).
         self._home: WorkerHome | None = None
+        # The latest length `len()` answered, with what it was for (`Reader.key`): a pass that has yielded
+        # that many items has ended, whether or not its consumer asks for one more (see `__iter__`).
+        self._asked_length: tuple[tuple[object, ...], int] | None = None
 
     def _add(self, stage: Stage) -> TorchLoader:
         return TorchLoader(
@@ -241,6 +252,51 @@ class TorchLoader:
         if home is not None:
             home.close()
 
+    def __len__(self) -> int:
+        """The items one pass yields on this rank: its steps per epoch (batches, with a `batch_size` or a
+        loader-side `.batch()`). Known when every shard's sample count is known (manifests, parquet,
+        Lance, `Dataset.count_samples`) and `even=` fixes each rank's share: then the same in every epoch
+        (`shardcache.pipeline.length`).
+
+        Raises:
+            LengthUnknown: (a TypeError) the length is not known before reading; the message says why and
+                how to get one (frameworks then treat the loader as one without a length).
+        """
+        if self._plain is not None:
+            raise LengthUnknown(
+                f"a TorchLoader over {type(self._plain).__name__} has no length: only a shardcache.Dataset "
+                "knows its passes' lengths"
+            )
+        reader = self._reader()
+        length = pass_length(self.dataset.spec, reader)
+        self._asked_length = (reader.key(), length)
+        return length
+
+    def __bool__(self) -> bool:
+        # A loader is an object, not a container: without this, `if loader:` would ask `__len__`.
+        return True
+
+    def _reader(self) -> Reader:
+        """Who reads a pass of this loader, for its length: this rank, its workers and their batching."""
+        size = self.batch_size
+        batching = None if size is None else Batching(size, bool(self.loader_kwargs.get("drop_last", False)))
+        return Reader(self.dataset.resolve_context(), self.num_workers, batching, self.stages)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes a TorchLoader does not have. The Hugging Face Trainer resumes a loader it did
+        # not prepare by rebuilding it from DataLoader attributes (Accelerate's `skip_first_batches`):
+        # refuse that replay loudly, as Lightning's path does, rather than fail on a missing attribute.
+        if not name.startswith("__") and called_by_accelerate_skip():
+            raise ConfigError(
+                "Accelerate's skip_first_batches is replaying a TorchLoader (the Hugging Face Trainer's "
+                "resume_from_checkpoint without shardcache.transformers.ShardcacheCallback): it would "
+                "rebuild the loader and replay the wrong epoch. Add ShardcacheCallback() to "
+                "Trainer(callbacks=[...]): it saves the loader's position with each checkpoint and resumes "
+                "from it (docs/frameworks.md)",
+                code="UnsupportedResume",
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def stats(self) -> StageStats:
         """Where the latest iteration's time went: reading, each worker-side stage and collation (summed
         over the workers; `shardcache.pipeline.stage_times`), and the share of the trainer's time spent
@@ -284,14 +340,17 @@ class TorchLoader:
 
         With ``state_scope="job"`` it is every data-parallel rank's position in one state
         (`shardcache.resume.job`), which any rank loads: a collective, so every rank calls it at the same
-        step (Lightning and Accelerate's `save_state` do).
+        step (Lightning and Accelerate's `save_state` do). Over an evaluation dataset
+        (`Dataset.for_evaluation`) the state always starts the next pass from the beginning.
 
         Raises:
             ConfigError: Lightning asks for a mid-epoch state without
-                `shardcache.lightning.ShardcacheCallback` (the state would count a batch Lightning fetched
-                ahead, and serve rank 0 only).
+                `shardcache.lightning.ShardcacheCallback` (the state would serve rank 0 only and, for a
+                loader without a length, count a batch Lightning fetched ahead).
         """
         shape = self._shape()
+        if self.dataset.evaluation:  # each pass reads the whole set: no position, and no collective
+            return public(initial_state(shape, self.dataset.resolve_context()))
         iterator = self._live.iterator
         ahead = 0 if self._fetched_ahead is None else self._fetched_ahead()
         if ahead > 0 and isinstance(iterator, LoaderIterator):
@@ -303,9 +362,10 @@ class TorchLoader:
         if self._fetched_ahead is None and state.get("state") is not None and called_by_lightning():
             raise ConfigError(
                 "Lightning is checkpointing this TorchLoader in the middle of an epoch: add "
-                "shardcache.lightning.ShardcacheCallback() to Trainer(callbacks=[...]). Lightning fetches "
-                "one batch ahead of the step it saves and keeps rank 0's loader state only, so without it "
-                "the resumed run would skip a batch, and other ranks could not resume (docs/frameworks.md)"
+                "shardcache.lightning.ShardcacheCallback() to Trainer(callbacks=[...]). Lightning keeps rank "
+                "0's loader state only, and fetches one batch ahead of the step it saves when the loader has "
+                "no length, so without it other ranks could not resume and the resumed run could skip a "
+                "batch (docs/frameworks.md)"
             )
         return job_state(state) if self.state_scope == "job" else state
 
@@ -323,7 +383,13 @@ class TorchLoader:
             ResumeStateError: [ResumeIdentityMismatch] a state of another pipeline, batching or stage list,
                 seed, num_workers or data-parallel layout; [InvalidResumeStateVersion]; [InvalidResumeState].
         """
-        self._live.load(state, check_loaded(self._shape(), state, self.dataset.resolve_context()))
+        checked = check_loaded(self._shape(), state, self.dataset.resolve_context())
+        if self.dataset.evaluation:  # an evaluation pass reads the whole set from the beginning
+            return
+        self._live.load(state, checked)
+        after = ended_epoch(state)
+        if after is not None:  # the saved pass had ended: the next one reads the epoch after it
+            self.dataset.epoch_clock.advance_to(after + 1)
 
     # -- iteration ------------------------------------------------------------------------------------------
 
@@ -405,12 +471,26 @@ class TorchLoader:
             self._watchdog(merge, run_dir, launcher),
             ctx.identity(),
             clock,
+            # Items of the epoch before this pass: unknown after an elastic resume (other ranks' items).
+            items=None if worker_states else items_before(pending),
         )
+        self._expect_length(iterator)
         iterator.keep_positions(self._keep_positions)
         # The pass counts once it yields: the next iter() reads the next epoch.
         iterator.on_first_item(self.dataset.epoch_clock.passed)
-        self._live.start(iterator, warn=True)
+        # An evaluation pass left unfinished (Lightning's sanity check) held no position worth a warning.
+        self._live.start(iterator, warn=not self.dataset.evaluation)
         return iterator
+
+    def _expect_length(self, iterator: LoaderIterator) -> None:
+        """Tell the pass its length, when `len()` answered it for this rank and layout: a framework that
+        asked (Lightning, the Hugging Face Trainer) stops after that many items without asking for one more,
+        and the pass has ended then (its state says so; the next pass reads the next epoch). Only a length
+        already asked: working it out here could open a Lance dataset in the trainer before its workers
+        fork."""
+        asked = self._asked_length
+        if asked is not None and asked[0] == self._reader().key():
+            iterator.expect(asked[1])
 
     def _iter_plain(self, iterable: Iterable[Any]) -> LoaderIterator:
         """An iteration over a plain iterable: a DataLoader over it, then the loader-side stages."""

@@ -135,6 +135,10 @@ class LoaderState(LoaderHeader):
     """`TorchLoader.state_dict()`: one data-parallel rank's loader, its workers under ``pipeline``."""
 
     pipeline: State  # the MergeNode's state, or the top loader-side stage's above it
+    # Items the loader yielded in this epoch before this position, kept by a pass of known length (absent:
+    # none known, or not known, as after an elastic resume): it ends when it reaches that length
+    # (`LoaderIterator.expect`), and so does the pass resumed from it.
+    items: NotRequired[int]
 
 
 class MergedState(TypedDict):

@@ -28,6 +28,7 @@ from typing import NotRequired, TypedDict
 from shardcache.context import RuntimeContext
 from shardcache.errors import (
     CorruptShardError,
+    LengthUnknown,
     RemoteFailed,
     RemoteNotFound,
     StateError,
@@ -36,7 +37,7 @@ from shardcache.memo import IdentityMemo
 from shardcache.node import Node, State
 from shardcache.shards import ShardRef
 from shardcache.sources.corrupt import report_corrupt
-from shardcache.sources.deal.counting import RunFacts, unit_counts
+from shardcache.sources.deal.counting import RunFacts, known_counts, unit_counts
 from shardcache.sources.deal.order import ORDER_VERSION, check_order_version
 from shardcache.sources.deal.partition import (
     Layout,
@@ -244,6 +245,30 @@ class SourceNode(Node):
                 lambda: weights_of([r.num_samples for r in shards], [r.size for r in shards]),
             )
         return weights_of([u.count for u in units], [u.ref.size for u in units])
+
+    def slot_samples(self) -> int:
+        """Samples this slot reads in the current epoch, from the units' known counts alone (`len()`:
+        `shardcache.pipeline.length`); nothing is read but metadata.
+
+        Raises:
+            LengthUnknown: the source resamples (its passes never end), or a unit's count is not known
+                without reading it.
+        """
+        if self.spec.resample:
+            raise LengthUnknown("the source resamples (resample=True): its passes never end")
+        units = select_units(self.spec.kind, self.units(), self.spec.hints.subset)
+        unknown = LengthUnknown(
+            f"the sample counts of this {self.spec.kind} source's shards are not known before reading "
+            "them: give a manifest with num_samples (`shardcache manifest`), or call "
+            "Dataset.count_samples(always=True) once on every rank before asking"
+        )
+        if known_counts(self, units) is None:  # before planning: the deal would count them by reading
+            raise unknown
+        pieces = self.slot_pieces(units, 0)
+        counts = known_counts(self, units)  # as planning left them: a kind that cuts its own rows refills
+        if counts is None:
+            raise unknown
+        return sum(counts[p.unit] - p.start if p.stop is None else p.stop - p.start for p in pieces)
 
     def count(self, unit: Unit) -> int:
         """Samples in `unit`, by reading it (the counting pass; sources with metadata never need it)."""

@@ -12,7 +12,7 @@ from shardcache.stages.map import MapStage
 from shardcache.stages.resolve_ref import ResolveRefStage
 from shardcache.stages.select import SelectStage
 from shardcache.stages.shuffle import ShuffleStage
-from shardcache.stages.traits import StageTraits
+from shardcache.stages.traits import Count, StageTraits
 from shardcache.stages.unbatch import UnbatchStage
 
 Stage = (
@@ -35,6 +35,7 @@ __all__ = [
     "BalanceStage",
     "BatchStage",
     "CacheStage",
+    "Count",
     "MapStage",
     "ResolveRefStage",
     "SelectStage",

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from shardcache.context import RuntimeContext
 from shardcache.formatting import callable_name
 from shardcache.node import Node, StatelessNode
-from shardcache.stages.traits import StageTraits
+from shardcache.stages.traits import Count, StageTraits
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class BatchStage(StageTraits):
     described_args: ClassVar[tuple[str, ...]] = ("batch_size", "drop_last", "collate_fn")
     passes_position: ClassVar[bool] = True
     batches: ClassVar[bool | None] = True
+
+    def count_after(self, count: Count) -> Count:
+        return count.batched(self.batch_size, self.drop_last)
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return BatchNode(up, self.batch_size, self.drop_last, self.collate_fn)

@@ -8,7 +8,7 @@ from typing import ClassVar, TypedDict
 
 from shardcache.context import RuntimeContext
 from shardcache.node import Node, State, field, state_of
-from shardcache.stages.traits import StageTraits
+from shardcache.stages.traits import Count, StageTraits
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,9 @@ class UnbatchStage(StageTraits):
 
     kind: ClassVar[str] = "unbatch"
     batches: ClassVar[bool | None] = False
+
+    def count_after(self, count: Count) -> Count | None:
+        return None if count.samples is None else Count.of_samples(count.samples)
 
     def node(self, up: Node, ctx: RuntimeContext) -> Node:
         return UnbatchNode(up)

@@ -123,18 +123,34 @@ def unit_key(unit: Unit) -> str:
 
 
 def unit_counts(node: Countable, units: Sequence[Unit]) -> list[int]:
-    """Every unit's sample count: from metadata, from earlier counting, else by counting now. Whole shards
-    whose metadata gives every count are read once per process and shard list (no unit objects made)."""
+    """Every unit's sample count: from metadata, from earlier counting (`known_counts`), else by counting
+    now."""
+    known = known_counts(node, units)
+    if known is not None:
+        return known
+    counts = node.facts.counts
+    missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
+    _count(node, units, missing)
+    return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
+
+
+def known_counts(node: Countable, units: Sequence[Unit]) -> list[int] | None:
+    """Every unit's sample count where it is known without reading a shard (metadata, or an earlier
+    counting pass), else None. Whole shards whose metadata gives every count are read once per process and
+    shard list (no unit objects made)."""
     if isinstance(units, ShardUnits):
         shards = units.shards
         known = _KNOWN.get(shards, "counts", lambda: _known_counts(shards))
         if known is not None:
             return known
     counts = node.facts.counts
-    missing = [i for i, u in enumerate(units) if u.count is None and unit_key(u) not in counts]
-    if missing:
-        _count(node, units, missing)
-    return [u.count if u.count is not None else counts[unit_key(u)] for u in units]
+    found: list[int] = []
+    for unit in units:
+        count = unit.count if unit.count is not None else counts.get(unit_key(unit))
+        if count is None:
+            return None
+        found.append(count)
+    return found
 
 
 _KNOWN: IdentityMemo[list[int] | None] = IdentityMemo()
