@@ -60,6 +60,7 @@ class PlanBody:
     epoch: int
     urls: list[str]
     digest: str
+    immutable: bool = False
 
 
 def read_plan(
@@ -82,7 +83,7 @@ def read_plan(
         )
 
     head, urls, digest = _read(chunks, allow, PlanRequest, max_urls, too_large, freeze_bytes)
-    return PlanBody(head.job, head.slot, head.epoch, urls, digest)
+    return PlanBody(head.job, head.slot, head.epoch, urls, digest, head.immutable)
 
 
 def read_prefetch(chunks: Sequence[bytes], allow: AllowList) -> list[str]:

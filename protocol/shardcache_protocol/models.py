@@ -94,6 +94,13 @@ class PlanRequest(_Request):
     epoch: int = Field(ge=0)
     # Bounded by the daemon's `--max-plan-urls` (413 plan_too_large beyond), not by the schema.
     urls: list[ShardUrl]
+    # Sent only when true: a daemon older than the field refuses unknown request fields (422), and a client
+    # then registers again without it.
+    immutable: bool = Field(
+        default=False,
+        description="the shards are never rewritten in place: the daemon serves its cached copies to this "
+        "plan without checking them against the remote",
+    )
 
 
 class PlanResponse(_Answer):

@@ -1,0 +1,392 @@
+"""Which cached copy may be served to which open, and validating copies against the remote in bulk.
+
+Two bounds (docs/reliability.md, "Changed remote object"):
+
+- A job never reads a copy older than the remote was when the job began. A job begins when a plan arrives
+  and no plan of its job id is live and held: none was registered (every job after a daemon restart), or
+  all were deleted, expired, or left by processes that exited (owners.py drops those within seconds). A
+  rerun of a script under the same job id therefore begins anew, while a plan left by an exited process
+  and registered again (the next epoch's DataLoader workers, an elastic restart) continues its job. That
+  moment is the job's *since*: a copy is served under any plan of the job only once the remote confirmed
+  its version at or after it (the copy's `validated_at`).
+- Within a running job `--revalidate-after-s` bounds staleness: a copy confirmed longer ago is checked on
+  open. Opens without a plan get this bound only.
+
+Checking a plan's resident shards one HEAD each would cost 10^5 requests for a 10^5-shard plan. Instead,
+when a plan is registered, a worker thread gathers its resident copies confirmed before *since*, grouped by
+directory and cut into chunks of up to 1,000 sorted urls (`gather_chunks`), and `WORKERS` tasks check the
+chunks in the background by listing pages (versions.py: one request per 1,000 objects on S3), the chunk
+holding the plan's earliest position first. A changed object's copy is dropped (evicted `stale`; readers
+that have it open keep their file) and fetched again when needed; an unchanged one is confirmed.
+
+An open never waits for a whole plan's validation: a copy confirmed since the job began is served at once;
+one whose chunk has a request in flight waits for that page; any other is checked by a HEAD of its own
+(concurrent opens of one url share it). A registration is answered before any of this runs.
+
+Datasets declared immutable skip all of it: urls under `--immutable` prefixes, and every open under a plan
+registered with `"immutable": true`.
+
+After a restart a recovered copy counts as never confirmed (layout.NEVER_VALIDATED): the daemon cannot tell
+what changed while it was down, and the monotonic clock it confirms with starts again with the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardcached.errors import DaemonError, NotFound
+from shardcached.fetcher import RemoteInfo
+from shardcached.keys import AllowList
+from shardcached.layout import NEVER_VALIDATED, Entry
+from shardcached.metrics import Metrics
+from shardcached.owners import PLAN_ORPHAN_GRACE_S
+from shardcached.planner import Planner
+from shardcached.plans import Plan
+from shardcached.space import Space
+from shardcached.store import Store
+from shardcached.versions import PAGE, Page, RemoteVersions, directory, listed
+
+logger = logging.getLogger(__name__)
+
+WORKERS = 4  # chunks validated at once, each one request at a time
+JOBS_SWEPT = 64  # jobs looked at per housekeeping tick, for those whose plans are all gone
+
+# One HEAD of a url: (when it was asked, the remote's answer).
+Head = Callable[[str], Awaitable[tuple[float, RemoteInfo]]]
+
+
+@dataclass(eq=False)
+class _Job:
+    since: float  # when the job began: a copy served to it must have been confirmed at or after this
+    plans: set[str] = field(default_factory=set)  # its plan ids, some perhaps dropped since
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Up to `PAGE` copies validated together: one directory's urls sorted (listed remotes) or urls in plan
+    order (the others). `first`: the earliest plan position among them; chunks run in that order."""
+
+    urls: list[str]
+    first: int
+    started_at: float | None = None
+    page: asyncio.Future[None] | None = None  # the request in flight: opens of these urls wait for it
+
+
+def gather_chunks(
+    urls: Sequence[str], resident: Mapping[str, Entry], since: float, immutable: AllowList | None
+) -> list[Chunk]:
+    """The copies among `urls` (a plan, in order) that are resident and confirmed before `since`, as chunks
+    in plan order. Blocking, a pass over the plan, for a worker thread: `resident` and its entries are only
+    read (a copy confirmed meanwhile is dropped from its chunk when the chunk is queued)."""
+    position_of: dict[str, int] = {}
+    # Iterating the plan's own list: if the plan is dropped meanwhile and its list emptied from the end,
+    # the iteration just stops early.
+    for position, url in enumerate(urls):
+        if url in position_of:
+            continue
+        entry = resident.get(url)
+        if entry is None or entry.validated_at >= since:
+            continue
+        if immutable is None or not immutable.allows(url):
+            position_of[url] = position
+    by_directory: dict[str, list[str]] = {}
+    unlisted: list[str] = []
+    for url in position_of:
+        if listed(url):
+            by_directory.setdefault(directory(url), []).append(url)
+        else:
+            unlisted.append(url)
+    chunks: list[Chunk] = []
+    for members in by_directory.values():
+        members.sort()
+        for start in range(0, len(members), PAGE):
+            part = members[start : start + PAGE]
+            chunks.append(Chunk(part, min(position_of[url] for url in part)))
+    for start in range(0, len(unlisted), PAGE):
+        part = unlisted[start : start + PAGE]
+        chunks.append(Chunk(part, position_of[part[0]]))
+    chunks.sort(key=lambda chunk: chunk.first)
+    return chunks
+
+
+class Freshness:
+    """Decides whether a resident copy may be served, and validates plans' copies in the background.
+
+    Args:
+        head: one HEAD of a url (shared with downloads, which reuse its answer).
+        blocking: runs a blocking call in the service's thread pool.
+        spawn: starts a task the service waits for at shutdown.
+        changed: called when a copy was dropped (the prefetcher may fetch it again).
+        immutable: prefixes of urls never checked; None: none.
+        cancel: set at shutdown; stops the retries of a listing.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        space: Space,
+        planner: Planner,
+        versions: RemoteVersions,
+        metrics: Metrics,
+        *,
+        head: Head,
+        blocking: Callable[..., Awaitable[Any]],
+        spawn: Callable[[Any], asyncio.Task[Any]],
+        changed: Callable[[], None],
+        clock: Callable[[], float],
+        revalidate_after_s: float,
+        immutable: AllowList | None,
+        cancel: threading.Event,
+    ) -> None:
+        self._store = store
+        self._space = space
+        self._planner = planner
+        self._versions = versions
+        self._metrics = metrics
+        self._head_request = head
+        self._blocking = blocking
+        self._spawn = spawn
+        self._changed = changed
+        self._clock = clock
+        self.revalidate_after_s = revalidate_after_s
+        self._immutable = immutable
+        self._cancel = cancel
+        self._jobs: dict[str, _Job] = {}
+        self._immutable_plans: set[str] = set()
+        self._chunk_of: dict[str, Chunk] = {}  # url -> the chunk queued or running that will validate it
+        self._queue: list[tuple[int, int, Chunk]] = []  # (first position, arrival, chunk): a heap
+        self._arrivals = itertools.count()
+        self._ready = asyncio.Event()
+        self._heads: dict[str, tuple[float, asyncio.Task[None]]] = {}  # url -> (asked at, the HEAD)
+        self.pending = 0  # copies in chunks queued or running (`shardcache_validation_pending_shards`)
+
+    # -- opens ------------------------------------------------------------------------------------------
+    async def servable(self, entry: Entry, plan: str | None = None, job: str | None = None) -> bool:
+        """Whether resident `entry` may be served to an open under `plan` (of `job`), after checking it
+        against the remote when it must be; False once it was dropped (changed, gone or evicted meanwhile).
+
+        Raises:
+            NotFound, RemoteError: the HEAD of the copy's object failed, as a fetch would.
+        """
+        since = self._since(plan, job)
+        if not self._stale(entry, plan, since):
+            return True
+        url = entry.url
+        chunk = self._chunk_of.get(url)
+        if chunk is not None and chunk.page is not None:
+            await asyncio.shield(chunk.page)
+            if self._store.by_url.get(url) is not entry:
+                return False
+            if not self._stale(entry, plan, since):
+                return True
+        await self._head(url, NEVER_VALIDATED if since is None else since)
+        return self._store.by_url.get(url) is entry
+
+    def _since(self, plan: str | None, job: str | None) -> float | None:
+        """When the job of an open under `plan` began; None without a plan registered here."""
+        if plan is None or job is None:
+            return None
+        state = self._jobs.get(job)
+        return state.since if state is not None and plan in state.plans else None
+
+    def _stale(self, entry: Entry, plan: str | None, since: float | None) -> bool:
+        if entry.suspect:  # a client found it corrupt: every open checks the remote until it changes
+            return True
+        if plan in self._immutable_plans or self._declared_immutable(entry.url):
+            return False
+        if since is not None and entry.validated_at < since:
+            return True
+        after = self.revalidate_after_s
+        return after > 0 and self._clock() - entry.validated_at > after
+
+    def _declared_immutable(self, url: str) -> bool:
+        return self._immutable is not None and self._immutable.allows(url)
+
+    async def _head(self, url: str, not_before: float) -> None:
+        """Check `url`'s copy with a HEAD: join one in flight that was asked at or after `not_before`, else
+        send one. Raises the remote's errors (a gone object's copy is dropped first)."""
+        held = self._heads.get(url)
+        if held is None or held[0] < not_before:
+            task = self._spawn(self._check(url))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())  # waiters may be gone
+            held = self._heads[url] = (self._clock(), task)
+        await asyncio.shield(held[1])
+
+    async def _check(self, url: str) -> None:
+        try:
+            asked, info = await self._head_request(url)
+        except NotFound:
+            self._gone(url)
+            raise
+        finally:
+            held = self._heads.get(url)
+            if held is not None and held[1] is asyncio.current_task():
+                del self._heads[url]
+        entry = self._store.by_url.get(url)
+        if entry is not None:
+            self._settle(entry, info, asked)
+
+    # -- plans ------------------------------------------------------------------------------------------
+    def ended(self, job: str) -> bool:
+        """Whether no plan of `job` is live and held (each is gone, or left by an exited process). Asked
+        before a plan of the job is registered: registering touches the slot, which holds the plan off."""
+        state = self._jobs.get(job)
+        if state is None:
+            return True
+        live = self._prune(state)
+        return all(self._planner.ending(plan_id, PLAN_ORPHAN_GRACE_S) for plan_id in live)
+
+    def plan_registered(self, plan: Plan, *, job_ended: bool, immutable: bool = False) -> None:
+        """A plan was registered (`POST /v1/plans`; `job_ended`: what `ended` said of its job just before):
+        note its job, and validate the plan's resident copies in the background unless it reads an
+        immutable dataset. O(1) on the loop."""
+        since = self._join(plan, job_ended)
+        if immutable:
+            self._immutable_plans.add(plan.id)
+            return
+        self._immutable_plans.discard(plan.id)
+        self._spawn(self._queue_plan(plan.urls, since))
+
+    def _join(self, plan: Plan, job_ended: bool) -> float:
+        """File `plan` under its job, which begins now if it had ended, unless the plan is one it left,
+        registered again; the job's since."""
+        job = plan.chain.job
+        state = self._jobs.get(job)
+        if state is None or (job_ended and plan.id not in state.plans):
+            if state is not None:
+                self._immutable_plans.difference_update(state.plans)
+            state = self._jobs[job] = _Job(self._clock())
+            logger.info("job %s begins: its plans' cached shards are checked against the remote", job)
+        state.plans.add(plan.id)
+        return state.since
+
+    def _prune(self, state: _Job) -> set[str]:
+        """Forget `state`'s plans that are no longer live; the live ones."""
+        live = {plan_id for plan_id in state.plans if self._planner.has_plan(plan_id)}
+        self._immutable_plans.difference_update(state.plans - live)
+        state.plans = live
+        return live
+
+    def forget_ended(self) -> None:
+        """Forget jobs whose plans are all gone, looking at `JOBS_SWEPT` of them (housekeeping, each tick)."""
+        for job in list(itertools.islice(self._jobs, JOBS_SWEPT)):
+            state = self._jobs.pop(job)
+            if self._prune(state):
+                self._jobs[job] = state  # to the end: the next tick looks at others
+
+    async def _queue_plan(self, urls: Sequence[str], since: float) -> None:
+        chunks: list[Chunk] = await self._blocking(
+            gather_chunks, urls, self._store.by_url, since, self._immutable
+        )
+        for chunk in chunks:
+            self._enqueue(chunk, since)
+            await asyncio.sleep(0)  # up to PAGE urls per loop step
+
+    def _enqueue(self, chunk: Chunk, since: float) -> None:
+        """Queue `chunk` without the copies confirmed meanwhile or that a chunk queued, or one asked after
+        `since`, will confirm."""
+        kept = []
+        by_url = self._store.by_url
+        for url in chunk.urls:
+            other = self._chunk_of.get(url)
+            if other is not None and (other.started_at is None or other.started_at >= since):
+                continue
+            entry = by_url.get(url)
+            if entry is not None and entry.validated_at < since:
+                self._chunk_of[url] = chunk
+                kept.append(url)
+        if kept:
+            chunk.urls = kept
+            self.pending += len(kept)
+            heapq.heappush(self._queue, (chunk.first, next(self._arrivals), chunk))
+            self._ready.set()
+
+    async def run(self) -> None:
+        """Validate queued chunks, `WORKERS` at a time, until cancelled (the service's background loop)."""
+        await asyncio.gather(*(self._work() for _ in range(WORKERS)))
+
+    async def _work(self) -> None:
+        while True:
+            if not self._queue:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            _, _, chunk = heapq.heappop(self._queue)
+            await self._validate(chunk)
+
+    async def _validate(self, chunk: Chunk) -> None:
+        """Ask the remote for the chunk's versions, page by page; HEAD what the listings did not show."""
+        loop = asyncio.get_running_loop()
+        started = chunk.started_at = self._clock()
+        urls, done, after = chunk.urls, 0, None
+        unlisted: list[str] = []
+        try:
+            while done < len(urls):
+                in_flight = chunk.page = loop.create_future()
+                asked = self._clock()
+                try:
+                    page: Page = await self._blocking(self._versions.page, urls[done:], after, self._cancel)
+                except DaemonError as exc:
+                    logger.warning(
+                        "validating %d cached shards from %s failed: %s; each is checked when next opened",
+                        len(urls) - done,
+                        urls[done],
+                        exc.detail,
+                    )
+                    return
+                finally:
+                    in_flight.set_result(None)
+                self._settle_page(page, asked)
+                for url in urls[done : done + page.covered]:
+                    if url not in page.found:
+                        if page.confirmed:
+                            self._gone(url)
+                        else:
+                            unlisted.append(url)
+                after = page.last if page.covered == 0 else None
+                done += page.covered
+            chunk.page = None
+            for url in unlisted:  # not in the listing where it should be: a HEAD tells gone from unlisted
+                try:
+                    await self._head(url, started)
+                except DaemonError as exc:
+                    logger.info("validating %s: %s", url, exc.detail)
+        finally:
+            chunk.page = None
+            for url in urls:
+                if self._chunk_of.get(url) is chunk:
+                    del self._chunk_of[url]
+            self.pending -= len(urls)
+
+    # -- results ----------------------------------------------------------------------------------------
+    def _settle_page(self, page: Page, asked: float) -> None:
+        by_url = self._store.by_url
+        for url, info in page.found.items():
+            entry = by_url.get(url)
+            if entry is not None:
+                self._settle(entry, info, asked)
+
+    def _settle(self, entry: Entry, info: RemoteInfo, asked: float) -> None:
+        """Confirm `entry` as of `asked` (when the request that answered `info` was sent), or drop it."""
+        if info.version == entry.version:
+            entry.validated_at = max(entry.validated_at, asked)
+            self._metrics.validations_by["unchanged"].inc()
+            return
+        logger.warning("%s changed on the remote; dropping its cached copy (fetched when needed)", entry.url)
+        self._space.evict(entry.url, "stale")
+        self._metrics.validations_by["changed"].inc()
+        self._changed()
+
+    def _gone(self, url: str) -> None:
+        if url in self._store.by_url:
+            logger.warning("%s is gone from the remote; dropping its cached copy", url)
+            self._space.evict(url, "stale")
+            self._metrics.validations_by["missing"].inc()
+            self._changed()
