@@ -206,9 +206,10 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         unless another process registers it again (the next epoch's DataLoader workers do).
         A plan longer than `--max-plan-urls` is refused (413 `plan_too_large`). Answered once the plan's
         head is indexed; the rest of a long plan is indexed in the background within a few seconds.
-        A job that begins (no live plan of its id) is never served a cached copy older than the remote at
-        that moment: the plan's cached shards are checked against the remote in the background, by
-        listings, and an open waits only for its own shard's check. `"immutable": true` skips that.
+        A job that begins (no plan of its id live and held by a running process) is never served a cached
+        copy older than the remote at that moment: its plans' cached shards are checked against the remote
+        in the background, by listings, and an open waits only for its own shard's check.
+        `"immutable": true` skips that.
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]

@@ -126,6 +126,18 @@ class Downloads:
         self._infos[url] = (asked, info)
         return asked, info
 
+    def learned(self, url: str, asked: float, info: RemoteInfo | None) -> None:
+        """The remote answered for `url` elsewhere (a listing) as of `asked`: what a prefetch reuses
+        (None: the object is gone). A prefetch must not download by an older answer: the bytes would not
+        match its size."""
+        cached = self._infos.get(url)
+        if cached is not None and cached[0] > asked:
+            return
+        if info is None:
+            self._infos.pop(url, None)
+        else:
+            self._infos[url] = (asked, info)
+
     def forget_old_infos(self, now: float) -> None:
         for url in [u for u, (at, _) in self._infos.items() if now - at > INFO_TTL_S]:
             del self._infos[url]

@@ -121,6 +121,8 @@ class Freshness:
 
     Args:
         head: one HEAD of a url (shared with downloads, which reuse its answer).
+        learned: told what a listing said of a changed or gone object, as of when it was asked (None:
+            gone), so that a download reuses nothing older.
         blocking: runs a blocking call in the service's thread pool.
         spawn: starts a task the service waits for at shutdown.
         changed: called when a copy was dropped (the prefetcher may fetch it again).
@@ -137,6 +139,7 @@ class Freshness:
         metrics: Metrics,
         *,
         head: Head,
+        learned: Callable[[str, float, RemoteInfo | None], None],
         blocking: Callable[..., Awaitable[Any]],
         spawn: Callable[[Any], asyncio.Task[Any]],
         changed: Callable[[], None],
@@ -151,6 +154,7 @@ class Freshness:
         self._versions = versions
         self._metrics = metrics
         self._head_request = head
+        self._learned = learned
         self._blocking = blocking
         self._spawn = spawn
         self._changed = changed
@@ -220,10 +224,11 @@ class Freshness:
         await asyncio.shield(held[1])
 
     async def _check(self, url: str) -> None:
+        asked = self._clock()
         try:
             asked, info = await self._head_request(url)
         except NotFound:
-            self._gone(url)
+            self._gone(url, asked)
             raise
         finally:
             held = self._heads.get(url)
@@ -347,7 +352,7 @@ class Freshness:
                 for url in urls[done : done + page.covered]:
                     if url not in page.found:
                         if page.confirmed:
-                            self._gone(url)
+                            self._gone(url, asked)
                         else:
                             unlisted.append(url)
                 after = page.last if page.covered == 0 else None
@@ -380,11 +385,13 @@ class Freshness:
             self._metrics.validations_by["unchanged"].inc()
             return
         logger.warning("%s changed on the remote; dropping its cached copy (fetched when needed)", entry.url)
+        self._learned(entry.url, asked, info)
         self._space.evict(entry.url, "stale")
         self._metrics.validations_by["changed"].inc()
         self._changed()
 
-    def _gone(self, url: str) -> None:
+    def _gone(self, url: str, asked: float) -> None:
+        self._learned(url, asked, None)
         if url in self._store.by_url:
             logger.warning("%s is gone from the remote; dropping its cached copy", url)
             self._space.evict(url, "stale")

@@ -122,6 +122,7 @@ class ShardService:
             RemoteVersions(fetcher),
             metrics,
             head=lambda url: self.downloads.checked_info(url, fresh=True),
+            learned=lambda url, asked, info: self.downloads.learned(url, asked, info),
             blocking=self._blocking,
             spawn=self.spawn,
             changed=self._notify,

@@ -2,10 +2,9 @@
 
 On S3 one `ListObjectsV2` request answers for up to 1,000 objects of a prefix with their ETag and size: the
 version a HEAD gives (`RemoteInfo.of`), so one page of a listing validates up to 1,000 copies for the price
-of one HEAD. A page starts just before the first url still to check: `StartAfter` is that key less its
-last character, which sorts before the key and after every key that does not share that stem. A walk over
-far-apart keys then jumps from one to the next instead of listing everything between them; over dense keys
-each page covers a thousand.
+of one HEAD. A page starts right before the first url still to check (`StartAfter`, `just_before`), so a
+walk over far-apart keys jumps from one to the next instead of listing everything between them, and over
+dense keys each page covers a thousand.
 
 Other protocols have no listing that carries versions (http) or need none (a local stat is the check):
 their objects are checked with one `info` each, a page of local files holding many.
@@ -33,6 +32,25 @@ PAGE = 1_000  # objects one listing request returns at most (S3's own bound), an
 def listed(url: str) -> bool:
     """Whether the versions of `url`'s directory come from listings (else one `info` per object)."""
     return url.partition("://")[0] in LISTED_SCHEMES
+
+
+def just_before(key: str) -> str:
+    """A string that sorts right before `key`, for `StartAfter`: a listing then starts at `key`, or at one of
+    the keys (if any) in the sliver between the two.
+
+    `key` less its last character, that character's predecessor and the highest code point. S3 orders keys
+    by their UTF-8 bytes, which is the order of code points Python compares. Never after `key`, so no key
+    is ever skipped.
+
+    >>> just_before("dir/k37") < "dir/k37" and just_before("dir/k37") > "dir/k36z"
+    True
+    """
+    before = ord(key[-1]) - 1
+    if before < 0:
+        return key[:-1]
+    if 0xD800 <= before <= 0xDFFF:  # surrogates are not characters UTF-8 can carry
+        before = 0xD7FF
+    return key[:-1] + chr(before) + "\U0010ffff"
 
 
 def directory(url: str) -> str:
@@ -63,8 +81,9 @@ class Page:
 class RemoteVersions:
     """Blocking version lookups in pages, through the fetcher's filesystems, retries and counters."""
 
-    def __init__(self, fetcher: Fetcher) -> None:
+    def __init__(self, fetcher: Fetcher, page_size: int = PAGE) -> None:
         self._fetcher = fetcher
+        self.page_size = page_size  # objects a request answers for at most (smaller in tests)
 
     def page(self, pending: Sequence[str], after: str | None, cancel: threading.Event) -> Page:
         """The versions of the first of `pending` (canonical urls; sorted, and in one directory, when
@@ -75,7 +94,7 @@ class RemoteVersions:
         """
         if listed(pending[0]):
             return self._list(pending, after, cancel)
-        count = PAGE if is_local(pending[0]) else 1
+        count = self.page_size if is_local(pending[0]) else 1
         found: dict[str, RemoteInfo] = {}
         for url in pending[:count]:
             try:
@@ -90,13 +109,13 @@ class RemoteVersions:
         bucket, _, key = rest.partition("/")
         base = f"{scheme}://{bucket}/"
         prefix = directory(key) if "/" in key else ""
-        start = after[len(base) :] if after is not None else key[:-1]
+        start = after[len(base) :] if after is not None else just_before(key)
         fs, _ = self._fetcher.filesystems.resolve(first)
 
         def attempt() -> dict[str, Any]:
             self._fetcher.sent(first, "list")
             answer: dict[str, Any] = fs.call_s3(
-                "list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=start, MaxKeys=PAGE
+                "list_objects_v2", Bucket=bucket, Prefix=prefix, StartAfter=start, MaxKeys=self.page_size
             )
             return answer
 
