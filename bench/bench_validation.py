@@ -1,20 +1,24 @@
 """What checking a beginning job's cached shards against the remote costs (daemon/shardcached/freshness.py),
 at 10^3, 10^4 and 10^5 resident shards, against a moto S3 endpoint that counts the requests it serves.
 
-Setup, not timed: moto runs in this process behind a WSGI wrapper that counts requests by kind (list,
-head, get); N tiny objects go straight into moto's backend (through its HTTP API 10^5 puts take minutes);
+Setup, not timed: moto runs in a process of its own that counts the requests it serves by kind (list,
+head, get: bench/counting_s3.py); N tiny objects go straight into moto's backend (10^5 puts through the S3
+API take minutes);
 the daemon's cache directory is written directly (each shard's data file and meta, the layout the daemon
 recovers at start), so the daemon starts with N resident shards it has never confirmed.
 
 Measured per N, the daemon with `--prefetch-depth 0` (only the checks reach moto):
 
-- a job begins: `POST /v1/plans` with the N urls shuffled, then at once an open of the plan's first shard:
+- a job begins (the daemon's S3 client warmed by one open of another object first): `POST /v1/plans` with
+  the N urls shuffled, then at once an open of the plan's first shard:
   the registration's answer time, the first open's delay, then the next 32 opens in plan order while the
   check runs (median, longest), the time until every copy is checked (`shardcache_validation_pending_shards`
   at 0 and N validations counted), and the requests moto served meanwhile;
 - the first open under an immutable plan of another job (nothing to check): a plain hit's latency;
 - baseline, a HEAD each: min(N, --head-sample) HEADs of those objects with the daemon's own `Fetcher.info`
-  from 4 threads (the daemon's 4 validation workers) in another process, extrapolated linearly to N.
+  from 4 threads (the daemon's 4 validation workers) in another process, extrapolated linearly to N;
+- for scale, one request alone, from that process: a HEAD, and a listing page of 1,000 objects (what an
+  open whose page is in flight waits for at most; moto renders a page far slower than S3 does).
 
     .venv/bin/python -m bench.bench_validation --sizes 1000 10000 100000
 """
@@ -33,16 +37,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from harness.daemon_api import api, metric
-from harness.devservers import S3_TEST_CREDENTIALS, Daemon, free_tcp_port, start_daemon
+from harness.devservers import S3_TEST_CREDENTIALS, Daemon, free_tcp_port, start_daemon, stop_process
 from shardcached.keys import cache_key
 
 BUCKET = "bench-validation"
@@ -50,70 +51,54 @@ FOLLOWING_OPENS = 32
 
 
 class CountingEndpoint:
-    """moto's S3 in this process, behind a WSGI wrapper that counts the requests it serves by kind."""
+    """moto's S3 in a process of its own, counting the requests it serves (bench/counting_s3.py)."""
 
     def __init__(self) -> None:
-        from moto.moto_server.werkzeug_app import (
-            DomainDispatcherApplication,
-            MotoRequestHandler,
-            create_backend_app,
-        )
-        from werkzeug.serving import make_server
-
-        self.counts: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-        moto_app = DomainDispatcherApplication(create_backend_app)
-
-        def counting(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
-            kind = "list" if method == "GET" and "list-type=2" in query else method.lower()
-            with self._lock:
-                self.counts[kind] += 1
-            result: Iterable[bytes] = moto_app(environ, start_response)
-            return result
-
         self.port = free_tcp_port()
-        self._server = make_server(
-            "127.0.0.1", self.port, counting, threaded=True, request_handler=MotoRequestHandler
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "bench.counting_s3", "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            env={**os.environ, **S3_TEST_CREDENTIALS},
         )
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().decode()  # "ready <port>", once it serves
+        if not line.startswith("ready"):
+            raise RuntimeError(f"the counting S3 endpoint did not start: {line!r}")
+        self._http = httpx.Client(base_url=self.endpoint, timeout=600)
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def put(self, urls: list[str]) -> None:
+        """Tiny objects straight into moto's backend, each holding its key (`body`)."""
+        keys = "\n".join(url.removeprefix(f"s3://{BUCKET}/") for url in urls)
+        self._http.post("/_bench/objects", params={"bucket": BUCKET}, content=keys).raise_for_status()
+
     def snapshot(self) -> collections.Counter[str]:
-        with self._lock:
-            return collections.Counter(self.counts)
+        counts = self._http.get("/_bench/counts").raise_for_status().json()
+        return collections.Counter({kind: int(count) for kind, count in counts.items()})
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._http.close()
+        stop_process(self._process)
 
 
-def put_objects(urls: list[str]) -> dict[str, str]:
-    """Tiny objects straight into moto's backend; url -> its ETag (without quotes)."""
-    from moto.core.models import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-
-    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
-    if BUCKET not in backend.buckets:
-        backend.create_bucket(BUCKET, "us-east-1")
-    etags = {}
-    for url in urls:
-        body = url.encode()
-        backend.put_object(BUCKET, url.removeprefix(f"s3://{BUCKET}/"), body)
-        etags[url] = hashlib.md5(body).hexdigest()  # noqa: S324 - what S3 (and moto) give as a simple ETag
-    return etags
+def body(url: str) -> bytes:
+    """What the object of `url` holds (bench/counting_s3.py puts each key as its own bytes)."""
+    return url.removeprefix(f"s3://{BUCKET}/").encode()
 
 
-def write_cache(cache_dir: Path, etags: dict[str, str]) -> None:
-    """Each shard's data file and meta, as the daemon writes them (layout.py), never confirmed."""
+def write_cache(cache_dir: Path, urls: list[str]) -> None:
+    """Each shard's data file and meta, as the daemon writes them (layout.py), never confirmed; the
+    version is the object's ETag, the MD5 of its bytes."""
     cache_dir.mkdir(parents=True)
-    for url, etag in etags.items():
-        key = cache_key(url, etag)
-        body = url.encode()
-        (cache_dir / f"{key}.tar").write_bytes(body)
-        meta = {"url": url, "version": etag, "size": len(body), "checksum": None, "file": f"{key}.tar"}
+    for url in urls:
+        data = body(url)
+        version = hashlib.md5(data).hexdigest()  # noqa: S324 - S3's ETag of a simple upload
+        key = cache_key(url, version)
+        (cache_dir / f"{key}.tar").write_bytes(data)
+        meta = {"url": url, "version": version, "size": len(data), "checksum": None, "file": f"{key}.tar"}
         (cache_dir / f"{key}.meta.json").write_text(json.dumps(meta))
 
 
@@ -134,23 +119,34 @@ def checked(daemon: Daemon) -> float:
 
 HEADS = textwrap.dedent(
     """
-    import sys, time
+    import statistics, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
     from shardcached.fetcher import Fetcher
+    from shardcached.versions import RemoteVersions
 
     urls = sys.stdin.read().split()
     fetcher = Fetcher()
     fetcher.info(urls[0])  # build the S3 client first, as the daemon does at start
+
+    def timed(call):
+        started = time.perf_counter()
+        call()
+        return time.perf_counter() - started
+
+    head = statistics.median(timed(lambda: fetcher.info(urls[0])) for _ in range(9))
+    pages = RemoteVersions(fetcher)
+    page = statistics.median(timed(lambda: pages.page(urls, None, threading.Event())) for _ in range(5))
     started = time.perf_counter()
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(fetcher.info, urls))
-    print(time.perf_counter() - started)
+    print(time.perf_counter() - started, head, page)
     """
 )
 
 
-def heads_seconds(urls: list[str], env: dict[str, str]) -> float:
-    """Seconds for one HEAD of each url, 4 at a time, in another process."""
+def heads_seconds(urls: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """Seconds for one HEAD of each url, 4 at a time, in another process; and one HEAD's and one listing
+    page's seconds, each alone (medians)."""
     done = subprocess.run(
         [sys.executable, "-c", HEADS],
         input="\n".join(urls),
@@ -159,14 +155,16 @@ def heads_seconds(urls: list[str], env: dict[str, str]) -> float:
         env=env,
         check=True,
     )
-    return float(done.stdout.split()[-1])
+    each, head, page = (float(word) for word in done.stdout.split()[-3:])
+    return each, head, page
 
 
 def measure(n: int, endpoint: CountingEndpoint, root: Path, head_sample: int, seed: int) -> dict[str, float]:
     urls = [f"s3://{BUCKET}/n{n}/shard_{i:07d}.tar" for i in range(n)]
-    etags = put_objects(urls)
+    warm = f"s3://{BUCKET}/n{n}/warm-up.tar"
+    endpoint.put([*urls, warm])
     cache = root / f"cache-{n}"
-    write_cache(cache, etags)
+    write_cache(cache, urls)
     env = {
         **S3_TEST_CREDENTIALS,
         "AWS_ENDPOINT_URL_S3": endpoint.endpoint,
@@ -187,6 +185,9 @@ def measure(n: int, endpoint: CountingEndpoint, root: Path, head_sample: int, se
         order = urls[:]
         random.Random(seed).shuffle(order)
         with api(daemon, timeout=600) as http:
+            # A daemon that has served before: its S3 client's first request (a second or more here, cold
+            # connection and botocore's lazy set-up) is not what a job's check costs.
+            http.post("/v1/shards/open", json={"url": warm}).raise_for_status()
             before = endpoint.snapshot()
             started = time.perf_counter()
             plan = http.post("/v1/plans", json={"job": "begins", "slot": 0, "epoch": 0, "urls": order})
@@ -209,8 +210,10 @@ def measure(n: int, endpoint: CountingEndpoint, root: Path, head_sample: int, se
     finally:
         daemon.stop()
     sample = urls[: min(n, head_sample)]
-    row["heads_s"] = heads_seconds(sample, {**os.environ, **env}) * n / len(sample)
+    each, head, page = heads_seconds(sample, {**os.environ, **env})
+    row["heads_s"] = each * n / len(sample)
     row["heads_sampled"] = float(len(sample))
+    row["one_head_ms"], row["one_page_ms"] = head * 1000, page * 1000
     shutil.rmtree(cache, ignore_errors=True)
     return row
 
@@ -233,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(
         f"\n{'shards':>7} {'register':>9} {'1st open':>9} {'next 32':>15} {'checked in':>11} "
-        f"{'list':>5} {'head':>5} {'get':>4} {'HEAD each':>10} {'requests':>9} {'time':>6} {'hit':>8}"
+        f"{'list':>5} {'head':>5} {'get':>4} {'HEAD each':>10} {'requests':>9} {'time':>6} {'hit':>8} "
+        f"{'1 HEAD':>7} {'1 page':>8}"
     )
     for row in rows:
         n = int(row["n"])
@@ -243,12 +247,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['next_median_ms']:>6.1f}/{row['next_max_ms']:>5.1f}ms {row['check_s']:>10.2f}s "
             f"{row['list']:>5.0f} {row['head']:>5.0f} {row['get']:>4.0f} {row['heads_s']:>9.1f}s "
             f"{requests / n:>9.4f} {row['check_s'] / row['heads_s']:>6.3f} "
-            f"{row['immutable_first_open_ms']:>6.1f}ms"
+            f"{row['immutable_first_open_ms']:>6.1f}ms "
+            f"{row['one_head_ms']:>5.1f}ms {row['one_page_ms']:>6.1f}ms"
         )
     print(
         "\nrequests: what the check sent per shard (a HEAD each sends 1.0); time: the check's seconds over a "
         "HEAD each's (extrapolated from --head-sample HEADs); next 32: median/longest open while checking; "
-        "hit: the first open under an immutable plan"
+        "hit: the first open under an immutable plan; 1 HEAD, 1 page: one request alone (a page: 1,000 "
+        "objects)"
     )
     return 0
 

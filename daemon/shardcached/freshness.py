@@ -183,14 +183,16 @@ class Freshness:
         if not self._stale(entry, plan, since):
             return True
         url = entry.url
+        not_before = NEVER_VALIDATED if since is None else since
+        held = self._heads.get(url)
         chunk = self._chunk_of.get(url)
-        if chunk is not None and chunk.page is not None:
+        if (held is None or held[0] < not_before) and chunk is not None and chunk.page is not None:
             await asyncio.shield(chunk.page)
             if self._store.by_url.get(url) is not entry:
                 return False
             if not self._stale(entry, plan, since):
                 return True
-        await self._head(url, NEVER_VALIDATED if since is None else since)
+        await asyncio.shield(self._heading(url, not_before))
         return self._store.by_url.get(url) is entry
 
     def _since(self, plan: str | None, job: str | None) -> float | None:
@@ -213,15 +215,15 @@ class Freshness:
     def _declared_immutable(self, url: str) -> bool:
         return self._immutable is not None and self._immutable.allows(url)
 
-    async def _head(self, url: str, not_before: float) -> None:
-        """Check `url`'s copy with a HEAD: join one in flight that was asked at or after `not_before`, else
-        send one. Raises the remote's errors (a gone object's copy is dropped first)."""
+    def _heading(self, url: str, not_before: float) -> asyncio.Task[None]:
+        """The HEAD checking `url`'s copy: one in flight asked at or after `not_before`, else a new one. Its
+        errors are the remote's (a gone object's copy is dropped first)."""
         held = self._heads.get(url)
         if held is None or held[0] < not_before:
             task = self._spawn(self._check(url))
             task.add_done_callback(lambda done: done.cancelled() or done.exception())  # waiters may be gone
             held = self._heads[url] = (self._clock(), task)
-        await asyncio.shield(held[1])
+        return held[1]
 
     async def _check(self, url: str) -> None:
         asked = self._clock()
@@ -257,7 +259,18 @@ class Freshness:
             self._immutable_plans.add(plan.id)
             return
         self._immutable_plans.discard(plan.id)
+        self._check_next(plan, since)
         self._spawn(self._queue_plan(plan.urls, since))
+
+    def _check_next(self, plan: Plan, since: float) -> None:
+        """HEAD now the shard the slot opens next, if its copy needs a check: its open comes at once, and a
+        HEAD answers sooner than the listing page that would cover it (a page of 1,000 objects takes
+        several HEADs' time). Only for the slot's current plan (its lowest epoch): one request per reader."""
+        if plan is not plan.chain.plans[0] or plan.cursor >= len(plan.urls):
+            return
+        entry = self._store.by_url.get(plan.urls[plan.cursor])
+        if entry is not None and self._stale(entry, plan.id, since):
+            self._heading(entry.url, since)
 
     def _join(self, plan: Plan, job_ended: bool) -> float:
         """File `plan` under its job, which begins now if it had ended, unless the plan is one it left,
@@ -360,7 +373,7 @@ class Freshness:
             chunk.page = None
             for url in unlisted:  # not in the listing where it should be: a HEAD tells gone from unlisted
                 try:
-                    await self._head(url, started)
+                    await asyncio.shield(self._heading(url, started))
                 except DaemonError as exc:
                     logger.info("validating %s: %s", url, exc.detail)
         finally:
