@@ -85,7 +85,7 @@ def create_app(
             pins_by_job=lambda: {
                 job: (ledger.leases, ledger.pinned_bytes) for job, ledger in store.pins.jobs.items()
             },
-            validation_pending=lambda: service.freshness.pending,
+            validation_pending=lambda: service.freshness.bulk.pending,
         )
     )
 

@@ -13,15 +13,17 @@ Two bounds (docs/reliability.md, "Changed remote object"):
   open. Opens without a plan get this bound only.
 
 Checking a plan's resident shards one HEAD each would cost 10^5 requests for a 10^5-shard plan. Instead,
-when a plan is registered, a worker thread gathers its resident copies confirmed before *since*, grouped by
-directory and cut into chunks of up to 1,000 sorted urls (`gather_chunks`), and `WORKERS` tasks check the
-chunks in the background by listing pages (versions.py: one request per 1,000 objects on S3), the chunk
-holding the plan's earliest position first. A changed object's copy is dropped (evicted `stale`; readers
-that have it open keep their file) and fetched again when needed; an unchanged one is confirmed.
+when a plan is registered, its resident copies confirmed before *since* are checked in the background by
+listing pages, in plan order (bulkcheck.py, versions.py: one request per 1,000 objects on S3). A changed
+object's copy is dropped (evicted `stale`; readers that have it open keep their file) and fetched again
+when needed; an unchanged one is confirmed.
 
 An open never waits for a whole plan's validation: a copy confirmed since the job began is served at once;
-one whose chunk has a request in flight waits for that page; any other is checked by a HEAD of its own
-(concurrent opens of one url share it). A registration is answered before any of this runs.
+one whose chunk has a request in flight waits for that page if it should answer no later than a HEAD
+would (from the durations seen so far: a page of 1,000 objects takes several HEADs' time on S3, and far
+more on slow listings such as moto's); any other is checked by a HEAD of its own (concurrent opens of one
+url share it), and so is the shard a reader opens next when its plan arrives. A registration is answered
+before any of this runs.
 
 Datasets declared immutable skip all of it: urls under `--immutable` prefixes, and every open under a plan
 registered with `"immutable": true`.
@@ -33,15 +35,14 @@ what changed while it was down, and the monotonic clock it confirms with starts 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from shardcached.errors import DaemonError, NotFound
+from shardcached.bulkcheck import BulkCheck, Chunk, smoothed
+from shardcached.errors import NotFound
 from shardcached.fetcher import RemoteInfo
 from shardcached.keys import AllowList
 from shardcached.layout import NEVER_VALIDATED, Entry
@@ -51,11 +52,10 @@ from shardcached.planner import Planner
 from shardcached.plans import Plan
 from shardcached.space import Space
 from shardcached.store import Store
-from shardcached.versions import PAGE, Page, RemoteVersions, directory, listed
+from shardcached.versions import RemoteVersions
 
 logger = logging.getLogger(__name__)
 
-WORKERS = 4  # chunks validated at once, each one request at a time
 JOBS_SWEPT = 64  # jobs looked at per housekeeping tick, for those whose plans are all gone
 
 # One HEAD of a url: (when it was asked, the remote's answer).
@@ -66,54 +66,6 @@ Head = Callable[[str], Awaitable[tuple[float, RemoteInfo]]]
 class _Job:
     since: float  # when the job began: a copy served to it must have been confirmed at or after this
     plans: set[str] = field(default_factory=set)  # its plan ids, some perhaps dropped since
-
-
-@dataclass(eq=False)
-class Chunk:
-    """Up to `PAGE` copies validated together: one directory's urls sorted (listed remotes) or urls in plan
-    order (the others). `first`: the earliest plan position among them; chunks run in that order."""
-
-    urls: list[str]
-    first: int
-    started_at: float | None = None
-    page: asyncio.Future[None] | None = None  # the request in flight: opens of these urls wait for it
-
-
-def gather_chunks(
-    urls: Sequence[str], resident: Mapping[str, Entry], since: float, immutable: AllowList | None
-) -> list[Chunk]:
-    """The copies among `urls` (a plan, in order) that are resident and confirmed before `since`, as chunks
-    in plan order. Blocking, a pass over the plan, for a worker thread: `resident` and its entries are only
-    read (a copy confirmed meanwhile is dropped from its chunk when the chunk is queued)."""
-    position_of: dict[str, int] = {}
-    # Iterating the plan's own list: if the plan is dropped meanwhile and its list emptied from the end,
-    # the iteration just stops early.
-    for position, url in enumerate(urls):
-        if url in position_of:
-            continue
-        entry = resident.get(url)
-        if entry is None or entry.validated_at >= since:
-            continue
-        if immutable is None or not immutable.allows(url):
-            position_of[url] = position
-    by_directory: dict[str, list[str]] = {}
-    unlisted: list[str] = []
-    for url in position_of:
-        if listed(url):
-            by_directory.setdefault(directory(url), []).append(url)
-        else:
-            unlisted.append(url)
-    chunks: list[Chunk] = []
-    for members in by_directory.values():
-        members.sort()
-        for start in range(0, len(members), PAGE):
-            part = members[start : start + PAGE]
-            chunks.append(Chunk(part, min(position_of[url] for url in part)))
-    for start in range(0, len(unlisted), PAGE):
-        part = unlisted[start : start + PAGE]
-        chunks.append(Chunk(part, position_of[part[0]]))
-    chunks.sort(key=lambda chunk: chunk.first)
-    return chunks
 
 
 class Freshness:
@@ -140,8 +92,8 @@ class Freshness:
         *,
         head: Head,
         learned: Callable[[str, float, RemoteInfo | None], None],
-        blocking: Callable[..., Awaitable[Any]],
-        spawn: Callable[[Any], asyncio.Task[Any]],
+        blocking: Callable[..., Awaitable[object]],
+        spawn: Callable[[Awaitable[object]], asyncio.Task[None]],
         changed: Callable[[], None],
         clock: Callable[[], float],
         revalidate_after_s: float,
@@ -151,25 +103,29 @@ class Freshness:
         self._store = store
         self._space = space
         self._planner = planner
-        self._versions = versions
         self._metrics = metrics
         self._head_request = head
         self._learned = learned
-        self._blocking = blocking
         self._spawn = spawn
         self._changed = changed
         self._clock = clock
         self.revalidate_after_s = revalidate_after_s
         self._immutable = immutable
-        self._cancel = cancel
         self._jobs: dict[str, _Job] = {}
         self._immutable_plans: set[str] = set()
-        self._chunk_of: dict[str, Chunk] = {}  # url -> the chunk queued or running that will validate it
-        self._queue: list[tuple[int, int, Chunk]] = []  # (first position, arrival, chunk): a heap
-        self._arrivals = itertools.count()
-        self._ready = asyncio.Event()
         self._heads: dict[str, tuple[float, asyncio.Task[None]]] = {}  # url -> (asked at, the HEAD)
-        self.pending = 0  # copies in chunks queued or running (`shardcache_validation_pending_shards`)
+        self._head_s: float | None = None  # how long a HEAD takes, smoothed; None: none seen yet
+        self.bulk = BulkCheck(
+            store,
+            versions,
+            settle=self._settle,
+            gone=self._gone,
+            head=lambda url, not_before: asyncio.shield(self._heading(url, not_before)),
+            blocking=blocking,
+            clock=clock,
+            immutable=immutable,
+            cancel=cancel,
+        )
 
     # -- opens ------------------------------------------------------------------------------------------
     async def servable(self, entry: Entry, plan: str | None = None, job: str | None = None) -> bool:
@@ -185,8 +141,9 @@ class Freshness:
         url = entry.url
         not_before = NEVER_VALIDATED if since is None else since
         held = self._heads.get(url)
-        chunk = self._chunk_of.get(url)
-        if (held is None or held[0] < not_before) and chunk is not None and chunk.page is not None:
+        chunk = self.bulk.in_flight(url)
+        if (held is None or held[0] < not_before) and chunk is not None and self._page_sooner(chunk):
+            assert chunk.page is not None
             await asyncio.shield(chunk.page)
             if self._store.by_url.get(url) is not entry:
                 return False
@@ -194,6 +151,13 @@ class Freshness:
                 return True
         await asyncio.shield(self._heading(url, not_before))
         return self._store.by_url.get(url) is entry
+
+    def _page_sooner(self, chunk: Chunk) -> bool:
+        """Whether `chunk`'s page in flight is expected to answer no later than a HEAD sent now would."""
+        page_s, head_s = self.bulk.page_s, self._head_s
+        if page_s is None or head_s is None:
+            return False  # no idea yet how long a page takes: a HEAD is bounded
+        return chunk.page_asked + page_s - self._clock() <= head_s
 
     def _since(self, plan: str | None, job: str | None) -> float | None:
         """When the job of an open under `plan` began; None without a plan registered here."""
@@ -229,6 +193,7 @@ class Freshness:
         asked = self._clock()
         try:
             asked, info = await self._head_request(url)
+            self._head_s = smoothed(self._head_s, self._clock() - asked)
         except NotFound:
             self._gone(url, asked)
             raise
@@ -260,7 +225,7 @@ class Freshness:
             return
         self._immutable_plans.discard(plan.id)
         self._check_next(plan, since)
-        self._spawn(self._queue_plan(plan.urls, since))
+        self._spawn(self.bulk.plan(plan.urls, since))
 
     def _check_next(self, plan: Plan, since: float) -> None:
         """HEAD now the shard the slot opens next, if its copy needs a check: its open comes at once, and a
@@ -299,98 +264,7 @@ class Freshness:
             if self._prune(state):
                 self._jobs[job] = state  # to the end: the next tick looks at others
 
-    async def _queue_plan(self, urls: Sequence[str], since: float) -> None:
-        chunks: list[Chunk] = await self._blocking(
-            gather_chunks, urls, self._store.by_url, since, self._immutable
-        )
-        for chunk in chunks:
-            self._enqueue(chunk, since)
-            await asyncio.sleep(0)  # up to PAGE urls per loop step
-
-    def _enqueue(self, chunk: Chunk, since: float) -> None:
-        """Queue `chunk` without the copies confirmed meanwhile or that a chunk queued, or one asked after
-        `since`, will confirm."""
-        kept = []
-        by_url = self._store.by_url
-        for url in chunk.urls:
-            other = self._chunk_of.get(url)
-            if other is not None and (other.started_at is None or other.started_at >= since):
-                continue
-            entry = by_url.get(url)
-            if entry is not None and entry.validated_at < since:
-                self._chunk_of[url] = chunk
-                kept.append(url)
-        if kept:
-            chunk.urls = kept
-            self.pending += len(kept)
-            heapq.heappush(self._queue, (chunk.first, next(self._arrivals), chunk))
-            self._ready.set()
-
-    async def run(self) -> None:
-        """Validate queued chunks, `WORKERS` at a time, until cancelled (the service's background loop)."""
-        await asyncio.gather(*(self._work() for _ in range(WORKERS)))
-
-    async def _work(self) -> None:
-        while True:
-            if not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-                continue
-            _, _, chunk = heapq.heappop(self._queue)
-            await self._validate(chunk)
-
-    async def _validate(self, chunk: Chunk) -> None:
-        """Ask the remote for the chunk's versions, page by page; HEAD what the listings did not show."""
-        loop = asyncio.get_running_loop()
-        started = chunk.started_at = self._clock()
-        urls, done, after = chunk.urls, 0, None
-        unlisted: list[str] = []
-        try:
-            while done < len(urls):
-                in_flight = chunk.page = loop.create_future()
-                asked = self._clock()
-                try:
-                    page: Page = await self._blocking(self._versions.page, urls[done:], after, self._cancel)
-                except DaemonError as exc:
-                    logger.warning(
-                        "validating %d cached shards from %s failed: %s; each is checked when next opened",
-                        len(urls) - done,
-                        urls[done],
-                        exc.detail,
-                    )
-                    return
-                finally:
-                    in_flight.set_result(None)
-                self._settle_page(page, asked)
-                for url in urls[done : done + page.covered]:
-                    if url not in page.found:
-                        if page.confirmed:
-                            self._gone(url, asked)
-                        else:
-                            unlisted.append(url)
-                after = page.last if page.covered == 0 else None
-                done += page.covered
-            chunk.page = None
-            for url in unlisted:  # not in the listing where it should be: a HEAD tells gone from unlisted
-                try:
-                    await asyncio.shield(self._heading(url, started))
-                except DaemonError as exc:
-                    logger.info("validating %s: %s", url, exc.detail)
-        finally:
-            chunk.page = None
-            for url in urls:
-                if self._chunk_of.get(url) is chunk:
-                    del self._chunk_of[url]
-            self.pending -= len(urls)
-
     # -- results ----------------------------------------------------------------------------------------
-    def _settle_page(self, page: Page, asked: float) -> None:
-        by_url = self._store.by_url
-        for url, info in page.found.items():
-            entry = by_url.get(url)
-            if entry is not None:
-                self._settle(entry, info, asked)
-
     def _settle(self, entry: Entry, info: RemoteInfo, asked: float) -> None:
         """Confirm `entry` as of `asked` (when the request that answered `info` was sent), or drop it."""
         if info.version == entry.version:

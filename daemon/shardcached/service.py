@@ -142,7 +142,7 @@ class ShardService:
             self.spawn(self.prefetcher.run()),
             self.spawn(self._housekeeping_loop()),
             self.spawn(self.indexer.run()),
-            self.spawn(self.freshness.run()),
+            self.spawn(self.freshness.bulk.run()),
         ]
         # Remote clients are slow to set up (seconds for S3); do it now, off the loop, not on the first open.
         self._pool.submit(self.fetcher.warm_up, list(self.allow.prefixes))

@@ -1,11 +1,12 @@
-"""Freshness in-process: which copies a plan gathers for checking, and when a job begins (its copies must be
-confirmed since) or goes on. A fake HEAD stands in for the remote; the store, planner and space are real."""
+"""Freshness in-process: when a job begins (its copies must be confirmed since) or goes on, and what an open
+waits for. A fake HEAD stands in for the remote; the store, planner and space are real."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,63 +14,20 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from shardcached.fetcher import Fetcher, RemoteInfo
-from shardcached.freshness import Freshness, gather_chunks
-from shardcached.keys import AllowList, cache_key
+from shardcached.freshness import Freshness
+from shardcached.keys import cache_key
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planner import Planner
 from shardcached.plans import Plan
 from shardcached.space import Space
 from shardcached.store import Store
-from shardcached.versions import PAGE, RemoteVersions
+from shardcached.versions import Page, RemoteVersions
 
 
 def entry(url: str, validated_at: float, cache_dir: Path = Path("/nonexistent")) -> Entry:
     key = cache_key(url, "v1")
     return Entry(key=key, url=url, version="v1", size=1, path=cache_dir / key, validated_at=validated_at)
-
-
-# -- gathering ----------------------------------------------------------------------------------------------
-
-
-def test_only_resident_copies_confirmed_before_the_job_began_are_gathered() -> None:
-    resident = {
-        "s3://b/d/old": entry("s3://b/d/old", 5.0),
-        "s3://b/d/recent": entry("s3://b/d/recent", 15.0),
-    }
-    chunks = gather_chunks(
-        ["s3://b/d/new", "s3://b/d/recent", "s3://b/d/old", "s3://b/d/old"], resident, 10.0, None
-    )
-    assert [chunk.urls for chunk in chunks] == [["s3://b/d/old"]]
-    assert chunks[0].first == 2  # its first position in the plan
-
-
-def test_a_chunk_holds_one_directorys_urls_sorted_and_chunks_come_in_plan_order() -> None:
-    plan = ["s3://b/x/3", "s3://b/y/1", "s3://b/x/1", "s3://b/y/0", "s3://b/x/2"]
-    resident = {url: entry(url, 0.0) for url in plan}
-    chunks = gather_chunks(plan, resident, 10.0, None)
-    assert [(chunk.first, chunk.urls) for chunk in chunks] == [
-        (0, ["s3://b/x/1", "s3://b/x/2", "s3://b/x/3"]),
-        (1, ["s3://b/y/0", "s3://b/y/1"]),
-    ]
-
-
-def test_a_chunk_holds_at_most_a_page() -> None:
-    plan = [f"s3://b/d/{i:05d}" for i in range(PAGE + 1)]
-    chunks = gather_chunks(plan, {url: entry(url, 0.0) for url in plan}, 10.0, None)
-    assert [len(chunk.urls) for chunk in chunks] == [PAGE, 1]
-
-
-def test_unlisted_remotes_are_chunked_in_plan_order() -> None:
-    plan = ["https://h/z.tar", "https://h/a.tar"]
-    chunks = gather_chunks(plan, {url: entry(url, 0.0) for url in plan}, 10.0, None)
-    assert [chunk.urls for chunk in chunks] == [plan]
-
-
-def test_copies_under_an_immutable_prefix_are_not_gathered() -> None:
-    plan = ["s3://b/frozen/a", "s3://b/live/a"]
-    chunks = gather_chunks(plan, {url: entry(url, 0.0) for url in plan}, 10.0, AllowList(["s3://b/frozen"]))
-    assert [chunk.urls for chunk in chunks] == [["s3://b/live/a"]]
 
 
 # -- when a job begins --------------------------------------------------------------------------------------
@@ -80,6 +38,7 @@ class Rig:
     """A Freshness over a real store, planner and space, a clock the test moves and a HEAD that counts."""
 
     tmp_path: Path
+    versions: RemoteVersions | None = None
     now: list[float] = field(default_factory=lambda: [10.0])
     heads: list[str] = field(default_factory=list)
 
@@ -104,7 +63,7 @@ class Rig:
             self.store,
             space,
             self.planner,
-            RemoteVersions(Fetcher()),
+            self.versions or RemoteVersions(Fetcher()),
             metrics,
             head=head,
             learned=lambda url, asked, info: None,
@@ -135,8 +94,8 @@ class Rig:
         return len(self.heads) > before
 
 
-# https urls: gathered into chunks of their own, which the rig never runs (no `Freshness.run`): every check
-# a test sees is the open's own HEAD.
+# https urls: gathered into chunks of their own, which the rig runs only when a test starts its workers
+# (`bulk.run`): otherwise every check a test sees is the open's own HEAD.
 URLS = ["https://h/a.tar", "https://h/b.tar"]
 
 
@@ -210,5 +169,29 @@ def test_an_immutable_plan_serves_its_copies_unchecked(tmp_path: Path) -> None:
         plan, _ = rig.planner.begin_plan("job", 0, 0, list(URLS))
         rig.freshness.plan_registered(plan, job_ended=rig.freshness.ended("job"), immutable=True)
         assert not await rig.checked(copy, plan)
+
+    asyncio.run(scenario())
+
+
+def test_an_open_does_not_wait_for_a_page_in_flight_before_any_page_showed_its_time(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    class HeldPages(RemoteVersions):
+        def page(self, pending: Sequence[str], after: str | None, cancel: threading.Event) -> Page:
+            release.wait(30)
+            return Page({pending[0]: RemoteInfo(1, "v1")}, 1)
+
+    async def scenario() -> None:
+        rig = Rig(tmp_path, versions=HeldPages(Fetcher()))
+        workers = asyncio.ensure_future(rig.freshness.bulk.run())
+        copies = [rig.cached(url, validated_at=5.0) for url in URLS]
+        plan = rig.register("job", 0, URLS)
+        deadline = time.monotonic() + 10
+        while rig.freshness.bulk.in_flight(URLS[1]) is None:  # polled with a deadline
+            assert time.monotonic() < deadline, "the chunk's first page never went out"
+            await asyncio.sleep(0.01)
+        assert await rig.checked(copies[1], plan)  # a HEAD of its own, the held page still out
+        release.set()
+        workers.cancel()
 
     asyncio.run(scenario())
