@@ -31,6 +31,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_hangs", ["--runs", "50"], ["--runs", "2", "--methods", "fork"]),
     ("bench.bench_scale_daemon", [], ["--sizes", "1000", "10000"]),
     ("bench.bench_deal", [], ["--sizes", "1000", "10000", "--repeats", "1"]),
+    ("bench.bench_validation", [], ["--sizes", "1000", "--head-sample", "500"]),
 ]
 
 

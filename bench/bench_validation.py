@@ -15,6 +15,8 @@ Measured per N, the daemon with `--prefetch-depth 0` (only the checks reach moto
   check runs (median, longest), the time until every copy is checked (`shardcache_validation_pending_shards`
   at 0 and N validations counted), and the requests moto served meanwhile;
 - the first open under an immutable plan of another job (nothing to check): a plain hit's latency;
+- the daemon's memory: resident before the plan arrives, and its peak from then until every copy is
+  checked (registering the plan, gathering and checking its copies);
 - baseline, a HEAD each: min(N, --head-sample) HEADs of those objects with the daemon's own `Fetcher.info`
   from 4 threads (the daemon's 4 validation workers) in another process, extrapolated linearly to N;
 - for scale, one request alone, from that process: a HEAD, and a listing page of 1,000 objects (what an
@@ -110,6 +112,20 @@ def open_ms(http: httpx.Client, url: str, plan: str) -> float:
     return waited
 
 
+def reset_peak(daemon: Daemon) -> None:
+    """Start the daemon's peak resident memory (VmHWM) over from what it holds now (Linux, own process or
+    root)."""
+    Path(f"/proc/{daemon.process.pid}/clear_refs").write_text("5")
+
+
+def memory_mb(daemon: Daemon) -> tuple[float, float]:
+    """The daemon's resident memory now and its peak since `reset_peak` (VmRSS, VmHWM), in MB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
 def checked(daemon: Daemon) -> float:
     return sum(
         metric(daemon, "shardcache_validations_total", f'result="{result}"')
@@ -189,6 +205,8 @@ def measure(n: int, endpoint: CountingEndpoint, root: Path, head_sample: int, se
             # connection and botocore's lazy set-up) is not what a job's check costs.
             http.post("/v1/shards/open", json={"url": warm}).raise_for_status()
             before = endpoint.snapshot()
+            reset_peak(daemon)
+            row["rss_mb"] = memory_mb(daemon)[0]
             started = time.perf_counter()
             plan = http.post("/v1/plans", json={"job": "begins", "slot": 0, "epoch": 0, "urls": order})
             plan_id = plan.raise_for_status().json()["plan"]
@@ -200,6 +218,7 @@ def measure(n: int, endpoint: CountingEndpoint, root: Path, head_sample: int, se
             while checked(daemon) < n or metric(daemon, "shardcache_validation_pending_shards") > 0:
                 time.sleep(0.05)  # polling the daemon's counters, not waiting for readiness blindly
             row["check_s"] = time.perf_counter() - started
+            row["peak_mb"] = memory_mb(daemon)[1]
             sent = endpoint.snapshot() - before
             row.update({op: float(sent[op]) for op in ("list", "head", "get")})
             frozen = http.post(
@@ -237,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{'shards':>7} {'register':>9} {'1st open':>9} {'next 32':>15} {'checked in':>11} "
         f"{'list':>5} {'head':>5} {'get':>4} {'HEAD each':>10} {'requests':>9} {'time':>6} {'hit':>8} "
-        f"{'1 HEAD':>7} {'1 page':>8}"
+        f"{'1 HEAD':>7} {'1 page':>8} {'RSS, peak':>12}"
     )
     for row in rows:
         n = int(row["n"])
@@ -248,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['list']:>5.0f} {row['head']:>5.0f} {row['get']:>4.0f} {row['heads_s']:>9.1f}s "
             f"{requests / n:>9.4f} {row['check_s'] / row['heads_s']:>6.3f} "
             f"{row['immutable_first_open_ms']:>6.1f}ms "
-            f"{row['one_head_ms']:>5.1f}ms {row['one_page_ms']:>6.1f}ms"
+            f"{row['one_head_ms']:>5.1f}ms {row['one_page_ms']:>6.1f}ms "
+            f"{row['rss_mb']:>5.0f}/{row['peak_mb']:>4.0f}MB"
         )
     print(
         "\nrequests: what the check sent per shard (a HEAD each sends 1.0); time: the check's seconds over a "
