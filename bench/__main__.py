@@ -34,6 +34,7 @@ BENCHMARKS: list[tuple[str, list[str], list[str]]] = [
     ("bench.bench_scale_daemon", [], ["--sizes", "1000", "10000"]),
     ("bench.bench_deal", [], ["--sizes", "1000", "10000", "--repeats", "1"]),
     ("bench.bench_recovery", ["--plans", "64"], ["--sizes", "10000"]),
+    ("bench.bench_validation", [], ["--sizes", "1000", "--head-sample", "500"]),
 ]
 
 

@@ -104,7 +104,10 @@ class Dataset:
                 lance's object store; s3:// URIs get the endpoint, region and keys of the AWS
                 environment), `even`. Every kind also takes the planning hints `job` (the daemon job id)
                 and `plan_following` ((epoch, urls) groups read after this dataset); `mini_epochs` sets
-                both, and neither changes the data or fingerprint.
+                both, and neither changes the data or fingerprint. `immutable=True` says the shards are
+                never rewritten in place: the daemon then serves its cached copies without checking them
+                against the remote (by default a job's first reads are checked, see docs/reliability.md);
+                it changes neither the data nor the fingerprint.
                 Shard kinds (tars, jsonl, parquet) take the partitioning options (see
                 `shardcache.sources.deal.partition` and docs/cluster.md): `placement` ("auto": "node" when the
                 context spans several nodes, else "global"; "node": each node keeps a fixed share of the

@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="URL prefix shards may come from, e.g. "
         "s3://bucket/prefix or /data (repeatable; nothing is allowed by default)",
     )
+    add(
+        "--immutable",
+        metavar="PREFIX",
+        action="append",
+        help="URL prefix of datasets never rewritten in place (repeatable): their cached copies are never "
+        "checked against the remote again",
+    )
     add("--prefetch-depth", type=int, metavar="N", help="shards prefetched ahead of each plan (default 2)")
     add("--max-fetches", type=int, metavar="N", help="concurrent downloads (default 4)")
     add("--policy", choices=["belady", "lru"], help="eviction policy (default belady; lru is the baseline)")
@@ -145,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--revalidate-after-s",
         type=float,
         metavar="S",
-        help="re-check the remote version of a cached shard older than this on open; 0 never (default 3600)",
+        help="within a running job, re-check on open the remote version of a cached shard confirmed longer "
+        "ago than this; 0 never (default 3600). A job's first reads are checked when it registers its plans",
     )
     add("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
     return parser

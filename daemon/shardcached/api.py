@@ -257,12 +257,18 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         next epoch's DataLoader workers do).
         A plan longer than `--max-plan-urls` is refused (413 `plan_too_large`). Answered once the plan's
         head is indexed; the rest of a long plan is indexed in the background within a few seconds.
+        A job that begins (no plan of its id live and held by a running process) is never served a cached
+        copy older than the remote at that moment: its plans' cached shards are checked against the remote
+        in the background, by listings, and an open waits only for its own shard's check.
+        `"immutable": true` skips that.
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]
         body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
         session = service.owners.sessions.named(body.session)  # 404 unknown_session before registering
+        ended = service.freshness.ended(body.job)
         plan = service.indexer.register(body)
+        service.freshness.plan_registered(plan, job_ended=ended, immutable=body.immutable)
         service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY), session)
         service.plans_changed()
         return PlanResponse(plan=plan.id)

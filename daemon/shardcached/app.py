@@ -58,6 +58,7 @@ def create_app(
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
         on_error=lambda kind: metrics.fetch_errors.labels(kind).inc(),
+        on_request=lambda op: metrics.remote_requests_by[op].inc(),
     )
     service = ShardService(
         store,
@@ -68,6 +69,7 @@ def create_app(
         max_fetches=settings.max_fetches,
         evict_wait_s=settings.evict_wait_s,
         revalidate_after_s=settings.revalidate_after_s,
+        immutable=settings.immutable,
         min_free=settings.min_free_bytes(),
         max_job_pinned=settings.max_job_pinned_bytes(store.capacity),
         lock=lock,
@@ -83,6 +85,7 @@ def create_app(
             pins_by_job=lambda: {
                 job: (ledger.leases, ledger.pinned_bytes) for job, ledger in store.pins.jobs.items()
             },
+            validation_pending=lambda: service.freshness.bulk.pending,
         )
     )
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -152,6 +152,11 @@ class Settings(BaseSettings):
         default=DEFAULT_METRICS_ADDR, description="HOST:PORT of /metrics and /v1/health"
     )
     allow: Annotated[list[str], NoDecode] = Field(default_factory=list, description="allowed URL prefixes")
+    immutable: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="URL prefixes of datasets never rewritten in place: their cached copies are never "
+        "checked against the remote again (neither when a job begins nor after --revalidate-after-s)",
+    )
     prefetch_depth: int = Field(default=2, ge=0, description="shards prefetched ahead of each plan's cursor")
     max_fetches: int = Field(default=4, ge=1, description="concurrent downloads")
     policy: Literal["belady", "lru"] = "belady"
@@ -183,15 +188,18 @@ class Settings(BaseSettings):
         "past it the job's opens get 507 cache_pinned and read directly",
     )
     revalidate_after_s: float = Field(
-        default=3600.0, ge=0, description="re-check the remote version of a hit older than this (0: never)"
+        default=3600.0,
+        ge=0,
+        description="within a running job, re-check on open the remote version of a cached copy confirmed "
+        "longer ago than this (0: never); a job's first reads are checked when it registers its plans",
     )
     chunk_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, description="download chunk size")
     log_level: str = Field(default="INFO")
 
-    @field_validator("allow", mode="before")
+    @field_validator("allow", "immutable", mode="before")
     @classmethod
     def _split_allow(cls, value: Any) -> Any:
-        # SHARDCACHE_ALLOW may be a JSON list or comma-separated prefixes.
+        # SHARDCACHE_ALLOW (and _IMMUTABLE) may be a JSON list or comma-separated prefixes.
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
@@ -201,15 +209,15 @@ class Settings(BaseSettings):
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 
-    @field_validator("allow")
+    @field_validator("allow", "immutable")
     @classmethod
-    def _check_allow(cls, value: list[str]) -> list[str]:
+    def _check_allow(cls, value: list[str], info: ValidationInfo) -> list[str]:
         # A relative prefix would be resolved against whatever directory the daemon was started in.
         for prefix in value:
             if not (_URL_SCHEME.match(prefix) or prefix.startswith("/")):
                 raise ValueError(
-                    f"--allow {prefix}: give a URL with its scheme (s3://bucket/prefix) or an absolute "
-                    "path (/abs/path)"
+                    f"--{info.field_name} {prefix}: give a URL with its scheme (s3://bucket/prefix) or an "
+                    "absolute path (/abs/path)"
                 )
         return value
 

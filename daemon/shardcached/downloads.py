@@ -113,12 +113,30 @@ class Downloads:
 
     async def info(self, url: str, *, fresh: bool) -> RemoteInfo:
         """The remote's size and version of `url`; `fresh` asks the remote, else a recent answer may do."""
+        return (await self.checked_info(url, fresh=fresh))[1]
+
+    async def checked_info(self, url: str, *, fresh: bool) -> tuple[float, RemoteInfo]:
+        """`info`, with the clock time its request was sent: a copy of that version is confirmed as of
+        then, not as of the answer (the object may have changed while the answer travelled)."""
         cached = self._infos.get(url)
         if not fresh and cached is not None and self._clock() - cached[0] < INFO_TTL_S:
-            return cached[1]
+            return cached
+        asked = self._clock()
         info: RemoteInfo = await self._blocking(self.fetcher.info, url, self._cancel)
-        self._infos[url] = (self._clock(), info)
-        return info
+        self._infos[url] = (asked, info)
+        return asked, info
+
+    def learned(self, url: str, asked: float, info: RemoteInfo | None) -> None:
+        """The remote answered for `url` elsewhere (a listing) as of `asked`: what a prefetch reuses
+        (None: the object is gone). A prefetch must not download by an older answer: the bytes would not
+        match its size."""
+        cached = self._infos.get(url)
+        if cached is not None and cached[0] > asked:
+            return
+        if info is None:
+            self._infos.pop(url, None)
+        else:
+            self._infos[url] = (asked, info)
 
     def forget_old_infos(self, now: float) -> None:
         for url in [u for u, (at, _) in self._infos.items() if now - at > INFO_TTL_S]:
@@ -127,7 +145,7 @@ class Downloads:
     async def _fetch(
         self, url: str, size: int | None, checksum: str | None, *, demand: bool, warm: bool
     ) -> Entry:
-        info = await self.info(url, fresh=demand)
+        asked, info = await self.checked_info(url, fresh=demand)
         if size is not None and size != info.size:
             self.metrics.fetch_errors.labels("size_mismatch").inc()
             raise IntegrityError(
@@ -144,11 +162,11 @@ class Downloads:
         checksum = normalize_checksum(checksum) if checksum is not None else None
         current = self.store.by_url.get(url)
         if current is not None and current.key == key and checksum in (None, current.checksum):
-            current.validated_at = self._clock()
+            current.validated_at = max(current.validated_at, asked)
             return current
         revived = self.store.revive(key, checksum)
         if revived is not None:
-            revived.validated_at = self._clock()
+            revived.validated_at = max(revived.validated_at, asked)
             return revived
         if current is not None:
             self.space.evict(url, "stale")
@@ -166,7 +184,7 @@ class Downloads:
             size=info.size,
             path=self.store.cache_dir / (key + file_suffix(url)),
             checksum=checksum,
-            validated_at=self._clock(),
+            validated_at=asked,
             prefetched=not demand or warm,
         )
         started = time.perf_counter()

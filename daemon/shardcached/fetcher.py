@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from fsspec.callbacks import Callback
 from shardcached.checksums import parse_checksum
 from shardcached.errors import Cancelled, IntegrityError
 from shardcached.filesystems import Filesystems, resumable
+from shardcached.keys import is_local
 from shardcached.retries import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,18 @@ class RemoteInfo:
 
     size: int
     version: str
+
+    @classmethod
+    def of(cls, info: Mapping[str, Any]) -> RemoteInfo:
+        """From an fsspec `info` dict or an S3 listing entry (`Size`, `ETag`, `LastModified`): the ETag
+        without its quotes when there is one, else size and mtime. A listing and a HEAD of one object give
+        the same version, so either can validate a copy."""
+        size = int(info["size"] if "size" in info else info["Size"])
+        etag = info.get("ETag") or info.get("etag")
+        if etag:
+            return cls(size, str(etag).strip('"'))
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
+        return cls(size, f"{size}:{mtime}")
 
 
 class _Watch(Callback):  # type: ignore[misc]  # fsspec is untyped
@@ -77,10 +90,17 @@ class Fetcher:
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 60.0,
         on_error: Callable[[str], None] = lambda kind: None,
+        on_request: Callable[[str], None] = lambda op: None,
     ) -> None:
         self.chunk_bytes = chunk_bytes
         self.filesystems = Filesystems(connect_timeout_s, read_timeout_s)
         self.retry = RetryPolicy(retries, backoff_s, backoff_max_s, on_error)
+        self._on_request = on_request
+
+    def sent(self, url: str, op: str) -> None:
+        """Count one request to the remote of `url` (`op`: head, get, list); local files send none."""
+        if not is_local(url):
+            self._on_request(op)
 
     def warm_up(self, prefixes: list[str]) -> None:
         """Build the allowed prefixes' filesystems ahead of use (blocking; see `Filesystems.warm_up`)."""
@@ -91,15 +111,11 @@ class Fetcher:
 
         def attempt() -> RemoteInfo:
             fs, path = self.filesystems.resolve(url)
+            self.sent(url, "head")
             info = fs.info(path)
             if info.get("type") == "directory":
                 raise IsADirectoryError(f"{url} is a directory")
-            size = int(info["size"])
-            etag = info.get("ETag") or info.get("etag")
-            if etag:
-                return RemoteInfo(size, str(etag).strip('"'))
-            mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""
-            return RemoteInfo(size, f"{size}:{mtime}")
+            return RemoteInfo.of(info)
 
         return self.retry.run(url, attempt, cancel or threading.Event())
 
@@ -181,6 +197,7 @@ class Fetcher:
         fs, path = self.filesystems.resolve(url)
         watch = _Watch(url, size, cancel, progress)
         offset = dest.stat().st_size if resumable(url) and dest.exists() else 0
+        self.sent(url, "get")
         if 0 < offset <= size:
             self._copy_from(fs, path, dest, offset, size, watch)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,9 @@ TEMP_PREFIX = ".tmp-"
 PART_PREFIX = ".part-"
 META_SUFFIX = ".meta.json"
 PARTIAL_TTL_S = 3600.0  # a partial download nobody resumed within this long is removed
+# The validation time of a copy the remote has not confirmed since this daemon started (a recovered one):
+# older than any bound, so the first open or plan that cares checks it.
+NEVER_VALIDATED = -math.inf
 
 
 @dataclass(eq=False)
@@ -33,7 +37,8 @@ class Entry:
     path: Path
     checksum: str | None = None
     last_use: float = field(default_factory=time.time)
-    validated_at: float = 0.0
+    # When the remote last confirmed this version (the service's monotonic clock, at the request's start).
+    validated_at: float = NEVER_VALIDATED
     leases: int = 0
     prefetched: bool = False
     used: bool = False

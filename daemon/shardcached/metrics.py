@@ -37,6 +37,10 @@ FETCH_ERROR_KINDS = (
 # closed, or their TTL ran out.
 ABANDON_REASONS = ("process_exit", "session_closed", "ttl")
 EVICTION_REASONS = ("capacity", "prefetch", "manual", "stale", "disk_full", "checksum_mismatch", "invalid")
+# Every `op` a request to a remote is counted under (fetcher.py, versions.py), docs/metrics.md's list.
+REMOTE_OPS = ("head", "get", "list")
+# Every `result` of checking a cached copy against the remote (freshness.py), docs/metrics.md's list.
+VALIDATION_RESULTS = ("unchanged", "changed", "missing")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class StateReaders:
     disk_free_bytes: Callable[[], float]
     # job -> (live leases, pinned bytes), read at scrape time
     pins_by_job: Callable[[], Mapping[str, tuple[int, int]]] = dict
+    validation_pending: Callable[[], float] = lambda: 0
 
 
 class Metrics:
@@ -125,6 +130,21 @@ class Metrics:
         )
         for reason in ABANDON_REASONS:
             self.abandoned_leases.labels(reason)
+        self.remote_requests = Counter(
+            "shardcache_remote_requests",
+            "Requests sent to remote storage, by operation: head, get (a download attempt), list",
+            ["op"],
+            registry=registry,
+        )
+        # Children bound once: downloads count from their threads without a label lookup.
+        self.remote_requests_by = {op: self.remote_requests.labels(op) for op in REMOTE_OPS}
+        self.validations = Counter(
+            "shardcache_validations",
+            "Cached shards checked against the remote's current version, by result",
+            ["result"],
+            registry=registry,
+        )
+        self.validations_by = {result: self.validations.labels(result) for result in VALIDATION_RESULTS}
         self.cache_dir_losses = Counter(
             "shardcache_cache_dir_losses",
             "Times the cache directory vanished or was replaced while the daemon ran",
@@ -143,6 +163,10 @@ class Metrics:
             "shardcache_disk_free_bytes": (
                 "Free bytes of the cache filesystem (statvfs f_bavail; -1 when unknown)",
                 readers.disk_free_bytes,
+            ),
+            "shardcache_validation_pending_shards": (
+                "Cached shards of registered plans waiting to be checked against the remote",
+                readers.validation_pending,
             ),
         }
         for name, (doc, read) in specs.items():

@@ -61,6 +61,7 @@ class PlanBody:
     urls: list[str]
     digest: str
     session: str | None = None  # the session that holds the plan (sessions.py)
+    immutable: bool = False
 
 
 def read_plan(
@@ -83,7 +84,7 @@ def read_plan(
         )
 
     head, urls, digest = _read(chunks, allow, PlanRequest, max_urls, too_large, freeze_bytes)
-    return PlanBody(head.job, head.slot, head.epoch, urls, digest, head.session)
+    return PlanBody(head.job, head.slot, head.epoch, urls, digest, head.session, head.immutable)
 
 
 def read_prefetch(chunks: Sequence[bytes], allow: AllowList) -> list[str]:

@@ -154,6 +154,11 @@ class Planner:
         unless an open or a new registration shows the slot is read on; False for an unknown id."""
         return self._registry.orphan(plan_id, grace_s)
 
+    def ending(self, plan_id: str, within_s: float) -> bool:
+        """Whether `plan_id` is gone or will be dropped within `within_s` unless its slot shows activity
+        (its holder exited, or it has been idle for nearly `stale_after_s`)."""
+        return self._registry.ending(plan_id, within_s)
+
     def expire_stale(self) -> int:
         """Drop the plans of every (job, slot) idle for `stale_after_s` and remove them from the index;
         returns how many plans went."""

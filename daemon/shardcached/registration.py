@@ -175,6 +175,12 @@ class PlanRegistry:
         self._expiry_check_at = min(self._expiry_check_at, now + grace_s)
         return True
 
+    def ending(self, plan_id: str, within_s: float) -> bool:
+        """Whether `plan_id` is gone or will be dropped within `within_s` unless its slot shows activity:
+        its holder exited (`orphan`), or its slot has been idle for nearly `stale_after_s`."""
+        plan = self.plans.get(plan_id)
+        return plan is None or plan.chain.last_activity + self.stale_after_s - self._clock() <= within_s
+
     def expire_stale(self) -> int:
         """`retire_stale`, the index entries removed at once; how many plans went."""
         dropped = self.retire_stale()

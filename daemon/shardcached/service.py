@@ -2,8 +2,9 @@
 
 Runs on the event loop; blocking I/O (remote reads, writes, fsync, rename) goes to a thread pool. How a
 shard is fetched, with single flight per URL, is `downloads.Downloads`'s; making room (eviction,
-reservations) `space.Space`'s; checking a resident copy against an open's checksum `verify.ChecksumCheck`'s;
-streamed reads `streams.py`'s.
+reservations) `space.Space`'s; whether a resident copy is recent enough to serve, and validating plans'
+copies against the remote, `freshness.Freshness`'s; checking a resident copy against an open's checksum
+`verify.ChecksumCheck`'s; streamed reads `streams.py`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from shardcached.errors import (
     ShuttingDown,
 )
 from shardcached.fetcher import Fetcher
+from shardcached.freshness import Freshness
 from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList, cache_key
 from shardcached.layout import Entry
@@ -38,6 +40,7 @@ from shardcached.sizing import SizingCheck
 from shardcached.space import Space
 from shardcached.store import Store
 from shardcached.verify import ChecksumCheck
+from shardcached.versions import RemoteVersions
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class ShardService:
         max_fetches: int = 4,
         evict_wait_s: float = 10.0,
         revalidate_after_s: float = 3600.0,
+        immutable: Sequence[str] = (),
         min_free: int = 0,
         max_job_pinned: int | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -69,7 +73,6 @@ class ShardService:
         self.allow = allow
         self.metrics = metrics
         self.max_fetches = max_fetches
-        self.revalidate_after_s = revalidate_after_s
         self._clock = clock
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancel = threading.Event()
@@ -112,6 +115,22 @@ class ShardService:
             cancel=self._cancel,
             clock=clock,
         )
+        self.freshness = Freshness(
+            store,
+            self.space,
+            planner,
+            RemoteVersions(fetcher),
+            metrics,
+            head=lambda url: self.downloads.checked_info(url, fresh=True),
+            learned=lambda url, asked, info: self.downloads.learned(url, asked, info),
+            blocking=self._blocking,
+            spawn=self.spawn,
+            changed=self._notify,
+            clock=clock,
+            revalidate_after_s=revalidate_after_s,
+            immutable=AllowList(immutable) if immutable else None,
+            cancel=self._cancel,
+        )
         self.indexer = PlanIndexer(planner)
         self._loops: list[asyncio.Task[Any]] = []
         self.hits = self.misses = self.bytes_served = 0
@@ -123,6 +142,7 @@ class ShardService:
             self.spawn(self.prefetcher.run()),
             self.spawn(self._housekeeping_loop()),
             self.spawn(self.indexer.run()),
+            self.spawn(self.freshness.bulk.run()),
         ]
         # Remote clients are slow to set up (seconds for S3); do it now, off the loop, not on the first open.
         self._pool.submit(self.fetcher.warm_up, list(self.allow.prefixes))
@@ -212,7 +232,7 @@ class ShardService:
             self.prefetcher.wake()  # a hit outside any plan changes no prefetch window
         job = self.owners.job_of(plan, peer, live_session)
         self._within_bound(job, canonical)  # before a download the lease could not follow
-        entry, result = await self.acquire(canonical, size, checksum)
+        entry, result = await self.acquire(canonical, size, checksum, plan, job)
         self._within_bound(job, entry)
         lease = self.owners.lease(entry, job, peer, live_session)
         self.note_use(entry, result, "path", entry.size)
@@ -239,14 +259,24 @@ class ShardService:
         self.bytes_served += nbytes
         self.metrics.served_by[mode].inc(nbytes)
 
-    async def acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
+    async def acquire(
+        self,
+        url: str,
+        size: int | None,
+        checksum: str | None,
+        plan: str | None = None,
+        job: str | None = None,
+    ) -> tuple[Entry, str]:
         """The resident, valid entry of canonical `url` (fetched if need be) and how: hit/inflight/miss.
+
+        `plan` and its `job`: a copy is served under a plan only once confirmed since the job began
+        (freshness.py).
 
         Raises:
             InsufficientCapacity: no room for the shard (507); counted by its code.
         """
         try:
-            return await self._acquire(url, size, checksum)
+            return await self._acquire(url, size, checksum, plan, job)
         except InsufficientCapacity as exc:
             self._refused(exc.code)
             raise
@@ -263,7 +293,9 @@ class ShardService:
         self.refusals[code] = self.refusals.get(code, 0) + 1
         self.metrics.refused_opens.labels(code).inc()
 
-    async def _acquire(self, url: str, size: int | None, checksum: str | None) -> tuple[Entry, str]:
+    async def _acquire(
+        self, url: str, size: int | None, checksum: str | None, plan: str | None, job: str | None
+    ) -> tuple[Entry, str]:
         result = "hit"
         for _ in range(8):
             if self._closing:
@@ -276,7 +308,7 @@ class ShardService:
                 entry = None
             if (
                 entry is not None
-                and await self._still_valid(entry, size)
+                and await self._still_valid(entry, size, plan, job)
                 and await self.checksums.holds(entry, checksum)
             ):
                 return entry, result
@@ -303,18 +335,11 @@ class ShardService:
             f"{url} was evicted repeatedly before it could be leased; the cache is thrashing"
         )
 
-    async def _still_valid(self, entry: Entry, size: int | None) -> bool:
-        """Whether a resident shard may be served; re-checks the remote version when it is old."""
+    async def _still_valid(self, entry: Entry, size: int | None, plan: str | None, job: str | None) -> bool:
+        """Whether a resident shard may be served; checks the remote version when it must (freshness.py)."""
         if size is not None and size != entry.size:
             return False  # the fetch path re-reads the remote and reports the mismatch
-        fresh = self.revalidate_after_s <= 0 or self._clock() - entry.validated_at <= self.revalidate_after_s
-        if fresh and not entry.suspect:  # a shard found corrupt is checked on every open until it changes
-            return True
-        info = await self.downloads.info(entry.url, fresh=True)
-        if cache_key(entry.url, info.version) != entry.key or self.store.by_url.get(entry.url) is not entry:
-            return False
-        entry.validated_at = self._clock()
-        return True
+        return await self.freshness.servable(entry, plan, job)
 
     async def revalidate(self, url: str) -> tuple[bool, bool]:
         """A client found `url` corrupt: compare the resident copy with the remote now (size, ETag, mtime)
@@ -327,7 +352,7 @@ class ShardService:
         entry = self.store.by_url.get(canonical)
         if entry is None:
             return False, False
-        info = await self.downloads.info(canonical, fresh=True)
+        asked, info = await self.downloads.checked_info(canonical, fresh=True)
         changed = cache_key(canonical, info.version) != entry.key
         if self.store.by_url.get(canonical) is not entry:
             return False, changed  # evicted or replaced meanwhile: the next open fetches it anyway
@@ -336,7 +361,7 @@ class ShardService:
             self.space.evict(canonical, "stale")
             self._notify()
         else:
-            entry.validated_at, entry.suspect = self._clock(), True
+            entry.validated_at, entry.suspect = max(entry.validated_at, asked), True
         return True, changed
 
     def start_fetch(
@@ -407,6 +432,7 @@ class ShardService:
                 self._notify()
             if self.planner.unindex_pending:  # stale plans, dropped here or inside a request
                 self.indexer.wake()
+            self.freshness.forget_ended()
             now = self._clock()
             self.downloads.forget_old_infos(now)
             self.prefetcher.forget_failures(now)

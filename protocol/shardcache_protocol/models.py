@@ -107,6 +107,13 @@ class PlanRequest(_Request):
     session: SessionId | None = Field(
         default=None, description="the session (`POST /v1/sessions`) that holds the plan; it ends with it"
     )
+    # Sent only when true: a daemon older than the field refuses unknown request fields (422), and a client
+    # then registers again without it.
+    immutable: bool = Field(
+        default=False,
+        description="the shards are never rewritten in place: the daemon serves its cached copies to this "
+        "plan without checking them against the remote",
+    )
 
 
 class SessionRequest(_Request):

@@ -136,6 +136,7 @@ class DaemonClient(DaemonAvailability):
         self._seen_up = False
         self._warned_path = False
         self._warned_capacity = False
+        self._takes_immutable = True  # False once the daemon refused the field (older than it)
         self._disk_full = DiskFullMemory(self.disk_full_retry_s)
         # Pins end sooner than a full disk empties (readers close shards; a dead holder's go within a
         # second): remembered for a few seconds, never longer than the disk-full memory.
@@ -370,19 +371,30 @@ class DaemonClient(DaemonAvailability):
         return {RELEASE_HEADER: ",".join(held)} if held else None
 
     def register_plan(
-        self, job: str, slot: int, epoch: int, urls: Sequence[str], *, ahead: bool = False
+        self,
+        job: str,
+        slot: int,
+        epoch: int,
+        urls: Sequence[str],
+        *,
+        ahead: bool = False,
+        immutable: bool = False,
     ) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
 
         `ahead`: a plan for later (the next epoch), registered from another thread than the one opening
         shards: it goes over the control connection only, so it opens no connection that `generation`
-        would count as a reconnect.
+        would count as a reconnect. `immutable`: the shards are never rewritten in place; the daemon serves
+        its cached copies to the plan without checking the remote. A daemon older than that field refuses
+        it (422): the plan is then registered without it, and later ones never offer it.
 
         Raises:
             DaemonUnavailable: no daemon answers and `required=True`.
             BadRequest: the daemon rejected the plan.
         """
         body: dict[str, object] = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
+        if immutable and self._takes_immutable:
+            body["immutable"] = True  # only when true: what an older daemon can refuse
 
         def register(session: str | None) -> Response:
             named = {**body, "session": session} if session else body
@@ -393,7 +405,17 @@ class DaemonClient(DaemonAvailability):
             # open that follows this registration does not look like a reconnect to a restarted daemon.
             if not ahead:
                 self._transport.connect()
-            return self._in_session(register)
+            answer = self._in_session(register)
+            if answer.status == 422 and "immutable" in body and b"immutable" in answer.body:
+                logger.info(
+                    "the daemon at %s is older than immutable plans; registering without (it checks the "
+                    "remote only after --revalidate-after-s anyway)",
+                    self.socket,
+                )
+                self._takes_immutable = False
+                del body["immutable"]
+                answer = self._in_session(register)
+            return answer
 
         answer = self._through_restarts(lambda: send().raise_for_status())
         if answer is None:

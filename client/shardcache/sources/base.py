@@ -282,7 +282,10 @@ class SourceNode(Node):
         pad_marks = self.partitioning.even == "pad" and self.partitioned
         job = source_job(self.spec.hints.job, self.spec.shards, self.ctx.seed)
         tracker = self._tracker = PlanTracker(
-            self.opener.client if self.uses_daemon else None, job, self.ctx.slot
+            self.opener.client if self.uses_daemon else None,
+            job,
+            self.ctx.slot,
+            immutable=self.spec.hints.immutable,
         )
         empty_rounds = 0
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 # `Dataset.from_source` also takes these keywords; they become hints, never the kind's options.
-HINT_KEYWORDS = ("job", "plan_following", "node_owners", "subset", "filter", "row_metadata")
+HINT_KEYWORDS = ("job", "plan_following", "node_owners", "subset", "filter", "row_metadata", "immutable")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class PlanHints:
             does): the source reads those versions, so rows appended later are not read. Part of the
             fingerprint (mvp's resume identity holds each dataset's version too): a state saved on one
             version does not resume on another, whose rows differ.
+        immutable: The user's word that the shards are never rewritten in place (`immutable=True`): the
+            plans say so, and the daemon serves its cached copies without checking them against the remote.
     """
 
     job: str | None = None
@@ -51,6 +53,7 @@ class PlanHints:
     filter: tuple[tuple[str, ...], ...] | None = None
     row_metadata: bool = True
     versions: tuple[tuple[str, int], ...] | None = None
+    immutable: bool = False
 
     @classmethod
     def split(cls, options: Mapping[str, Any]) -> tuple[dict[str, Any], PlanHints]:

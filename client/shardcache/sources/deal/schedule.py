@@ -21,6 +21,10 @@ A dataset that is one piece of a longer epoch (a mini-epoch chunk) says what is 
 source options: `plan_following`, a sequence of `(epoch, urls)` groups each read as its own dataset at that
 epoch, and `job`, the job id every piece shares. Its "next" plan is then this slot's order over those groups
 instead of the same shards at epoch + 1, so the daemon prefetches the next chunk while this one trains.
+
+`immutable=True` declares shards that are never rewritten in place: the plans carry `"immutable": true`,
+and the daemon serves its cached copies to them without checking the remote's version. A daemon older than
+that field refuses it (422); the client then registers without it (`DaemonClient.register_plan`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ NextUrls = Callable[[], Sequence[str]]
 
 # Source options every kind accepts; they steer the daemon's plans, not the data, so they are left out of
 # the pipeline fingerprint.
-PLAN_OPTIONS = ("plan_following", "job", "node_owners")
+PLAN_OPTIONS = ("plan_following", "job", "node_owners", "immutable")
 
 
 def check_shuffle_mode(kind: str, options: Mapping[str, object]) -> None:
@@ -91,12 +95,19 @@ def order_neutral(kind: str, name: str, value: object) -> bool:
 
 
 def check_plan_options(options: Mapping[str, object]) -> None:
-    """Validate `plan_following` (a sequence of (epoch, urls) groups) and `job` (a non-empty string)."""
+    """Validate `plan_following` (a sequence of (epoch, urls) groups), `job` (a non-empty string) and
+    `immutable` (a bool)."""
     owners = options.get("node_owners")
     if owners is not None and not (
         isinstance(owners, tuple) and all(isinstance(o, tuple) and len(o) == 2 for o in owners)
     ):
         raise ConfigError("node_owners=: expected ((url, node group), ...) pairs (set by mini_epochs)")
+    immutable = options.get("immutable", False)
+    if not isinstance(immutable, bool):
+        raise ConfigError(
+            f"immutable={immutable!r}: expected True (the shards are never rewritten in place: the daemon "
+            f"serves its cached copies without checking the remote) or False"
+        )
     job = options.get("job")
     if job is not None and (not isinstance(job, str) or not job):
         raise ConfigError(f"job={job!r}: expected a non-empty string (the id every piece of the job shares)")
@@ -166,10 +177,11 @@ class PlanTracker:
     touches the next plan first waits for it; an error it met is raised there, in the iterating thread.
     """
 
-    def __init__(self, client: DaemonClient | None, job: str, slot: int) -> None:
+    def __init__(self, client: DaemonClient | None, job: str, slot: int, *, immutable: bool = False) -> None:
         self.client = client
         self.job = job
         self.slot = slot
+        self.immutable = immutable
         self.current: str | None = None
         self._following: tuple[int, str] | None = None
         self._generation = -1  # the client's connection generation when the plans were last registered
@@ -215,7 +227,9 @@ class PlanTracker:
         if client is None:
             return None
         try:
-            return client.register_plan(self.job, self.slot, epoch, _dedupe_consecutive(urls), ahead=ahead)
+            return client.register_plan(
+                self.job, self.slot, epoch, _dedupe_consecutive(urls), ahead=ahead, immutable=self.immutable
+            )
         except DaemonRequestError as exc:
             if exc.code != PLAN_TOO_LARGE:
                 raise
