@@ -19,7 +19,7 @@ from shardcache.errors import ConfigError
 
 
 class OldPlansDaemon(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A daemon from before immutable plans, as far as `POST /v1/plans` goes: its request model forbids
+    """A daemon from before immutable plans (and sessions), as far as `POST /v1/plans` goes: its request model forbids
     unknown fields (422, naming the field, as the real one answers) and takes the rest. It records every
     plan body it was sent."""
 
@@ -38,6 +38,9 @@ class _OldPlansHandler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/plans":  # older than sessions too: FastAPI's answer to a route it lacks
+            self._answer(404, {"detail": "Not Found"})
+            return
         server = self.server
         assert isinstance(server, OldPlansDaemon)
         server.sent.append(body)
