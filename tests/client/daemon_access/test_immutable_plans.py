@@ -19,9 +19,9 @@ from shardcache.errors import ConfigError
 
 
 class OldPlansDaemon(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A daemon from before immutable plans (and sessions), as far as `POST /v1/plans` goes: its request model forbids
-    unknown fields (422, naming the field, as the real one answers) and takes the rest. It records every
-    plan body it was sent."""
+    """A daemon from before immutable plans (and sessions), as far as `POST /v1/plans` goes: its request
+    model forbids unknown fields (422, naming the field, as the real one answers) and takes the rest. It
+    records every plan body it was sent."""
 
     daemon_threads = True
 
