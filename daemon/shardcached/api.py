@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from shardcache_protocol import (
     MAX_URL_LENGTH,
+    SHARDLIST_DIGEST,
     STATUS_MEANINGS,
     URL_PATTERN,
     ErrorBody,
@@ -36,6 +37,7 @@ from shardcache_protocol import (
     ReleaseRequest,
     Revalidated,
     ShardList,
+    ShardListAccepted,
     Stats,
     TelemetryReport,
     TelemetrySummary,
@@ -45,8 +47,9 @@ from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
 from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.planbody import read_plan, read_prefetch
+from shardcached.planbody import read_plan, read_prefetch, read_shardlist
 from shardcached.service import ShardService
+from shardcached.shardlists import ShardLists
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
 
@@ -124,6 +127,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     planner = service.planner
     store = service.store
     listing = ShardListing(store, planner)
+    shardlists = ShardLists()
     telemetry = ClientTelemetry(service.metrics.registry)
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
@@ -206,14 +210,42 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         unless another process registers it again (the next epoch's DataLoader workers do).
         A plan longer than `--max-plan-urls` is refused (413 `plan_too_large`). Answered once the plan's
         head is indexed; the rest of a long plan is indexed in the background within a few seconds.
+        The urls come as a list (`urls`), or as positions in a shard list uploaded before (`shardlist`, its
+        digest, and `positions`, base64 of int32 little-endian): 404 `unknown_shardlist` when the daemon
+        does not hold that list (upload it, then register again).
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]
-        body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
+        body = await asyncio.to_thread(
+            read_plan, chunks, service.allow, max_plan_urls, planner.table, shardlists
+        )
         plan = service.indexer.register(body)
         service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY))
         service.plans_changed()
         return PlanResponse(plan=plan.id)
+
+    @router.put(
+        "/shardlists/{digest}",
+        response_model=ShardListAccepted,
+        responses=_errors(400, 403, 413, 422),
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
+    )
+    async def put_shardlist(
+        request: Request,
+        digest: Annotated[str, Path(pattern=SHARDLIST_DIGEST, description="sha256 of the body, hex")],
+    ) -> ShardListAccepted:
+        """Upload a job's shard list once: its urls one per line (UTF-8, `\\n` between them), named by the
+        sha256 of that body. Plans then name positions in it (`POST /v1/plans` with `shardlist`), so each
+        url is read and checked once per list, not once per plan. 422 when the body's sha256 differs
+        from `digest`; 403 naming the first url outside the allow-list; 413 past `--max-plan-urls`."""
+        chunks = [chunk async for chunk in request.stream()]
+        listed = await asyncio.to_thread(
+            read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table
+        )
+        shardlists.put(listed)
+        return ShardListAccepted(shardlist=digest, urls=len(listed.ids))
 
     @router.get("/plans")
     async def list_plans() -> list[dict[str, object]]:

@@ -1,209 +1,220 @@
 """The resident shards' next uses, kept ordered so that one eviction decision costs O(C + log R), not O(R).
 
-R is the number of resident shards, C the number of (job, slot) chains. A url's estimated next-use time is
-``min over chains c of t_c(url)``, and each chain's time line moves on every open of that chain (its base
-and pace change), so no single global order by time stays valid. Two orders do:
+R is the number of resident shards, C the number of live plans. A url's estimated next-use time is the
+minimum over the plans holding it of that plan's time line at the url's first position at or after its
+cursor; every time line moves on every open of its slot, so no single global order by time stays valid.
+Two orders do:
 
-* Within one chain, the order of uses is fixed: plan by plan (epochs ascending), then by position (every
-  position of an earlier plan comes before every position of a later one, since the chain reads them in
-  that order). So each chain keeps its resident urls sorted by ``(epoch, position)`` of their first use at or
-  after the cursor; a cursor move pops the passed ones from the front and files them under their next use.
-* Shards that no plan holds ahead of a cursor ("idle") rank by recency alone, which changes only when the url
-  is touched: they are kept sorted by ``(recency rank, store order)``.
+* Each planned resident url is filed once, under an *owner*: the plan whose use of it was the earliest in
+  time when it was filed, at that position. Within one plan, time grows with position, so a plan's owned
+  positions (`orders.PositionSet`) are in time order whatever the paces do later. An owned entry is one of
+  the url's uses, so its time is never earlier than the url's exact next use: an upper bound, however
+  stale the owner has become since (paces change, other plans arrive).
+* Resident urls that no plan holds ahead of a cursor ("idle") rank by recency alone, which changes only when
+  the url is touched: they are kept by (recency rank, store order) in an `orders.MinOrder` by url id.
 
-Each planned url is also filed once more, under one *owner*: the chain whose use of it was the earliest in
-time when it was last filed (the times of that moment). A chain's owned entries keep its order, and a url's
-owned entry is one of its uses, so its time there is never earlier than the url's exact next use: an upper
-bound, however stale the owner has become since (paces change, cursors move). The farthest-next-use victim
-is then found by a threshold walk over the owned orders (Fagin's TA, each url met at most once): walk them
-from their far ends, always the one whose next entry is latest, evaluate each url met exactly, and stop once
-the best exact time is later than every order's next entry (no url not yet met can be later). Ties go to the
-earliest in store order, as the old linear scan did. A url met whose exact time is earlier than its owned
-entry's has a stale owner: it is refiled under its earliest chain after the walk, so it is met once.
+The farthest-next-use victim is found by a threshold walk over the owned orders (Fagin's TA, each url met
+at most once): walk them from their far ends, always the one whose next entry is latest, evaluate each url
+met exactly, and stop once the best exact time is later than every order's next entry (no url not met yet
+can be later). Ties go to the earliest in store order, as the linear scan does. A url met whose exact time
+is earlier than its owned entry's has a stale owner: it is refiled after the walk, so it is met once.
 
-Walking every chain's full order instead (the first version) meets the entries of urls that another chain
-needs sooner before it reaches the victim: right at an epoch start, with every resident shard ahead in the
-current epoch and planned again in the next, that was every next-epoch entry. Under owners those entries are
-not in the walk at all (see docs/benchmarks.md, "Eviction decisions at scale").
+What moves a url's filing: it becomes resident or leaves; a cursor passes its owned position (`passed`:
+the owned positions below the new cursor are exactly the ones to refile, no other url's upper bound
+changes); a plan indexing it (`indexed`: it may have become planned, or have an earlier use); its owner
+plan dropped (`dropped`, O(1) on the request path: the plan's owned urls are queued and refiled by
+`refile_more` in vectorised pieces, and every decision settles what is left first, so decisions see the
+eager state); a touch of an idle url. Per url the state is a few array cells by url id (urltable.py): no
+Python object per url, nothing for the garbage collector to walk.
 
-A dropped plan (a DELETE, a replaced plan, a stale slot's expiry) is refiled lazily: ``dropped`` only notes
-its (chain, epoch), and ``refile_more`` refiles the resident urls filed under it in pieces (the daemon's
-indexer, indexing.py), ~30 us each at 10^5 resident, where refiling them all at once held the loop 3-4.5 s.
-Until then the orders are half-dropped: a url whose only use was the dropped plan is still filed under its
-chain instead of idle, and the threshold walk's premise (entry times never decrease along a chain's order)
-fails on the dead entries. So every reader of the orders (``least_recent_idle``, ``farthest``) first
-settles what is pending, synchronously and in bulk (``settle``: ~10 us a url, the orders cut and merged):
-decisions see exactly the eager state. The daemon does not let a decision settle: an open that needs room
-awaits the pieces first (indexing.refiled), so a drop costs the loop only its pieces. Any other refile of a
-url meanwhile (indexed, unindexed, passed) reads the live plans, so it is already right and the pending
-refile of it is a no-op.
-
-Pure bookkeeping for the planner (planner.py), which tells it when a url's uses may have changed (indexed or
-unindexed in a plan, a cursor moved past it, touched) and when a url became resident or left. Run on the event
-loop thread only.
+Pure bookkeeping for the planner (planner.py); the event loop thread only.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable
 
-from sortedcontainers import SortedList
+import numpy as np
+import numpy.typing as npt
 
-from shardcached.plans import Chain, Plan, Positions, first_at_or_after
+from shardcached.orders import MinOrder, PositionSet
+from shardcached.planindex import Line, PlanIndex
+from shardcached.plans import Plan
+from shardcached.urltable import UrlTable
 
-Key = tuple[int, int]  # (epoch, position) of a use within one chain
-Entry = tuple[int, int, str]  # (epoch, position, url): one use, as filed in a chain's orders
-UseTime = Callable[[Chain, int, int], float]  # a chain's estimated clock time of its use (epoch, position)
-
-
-def uses_by_chain(positions: Positions, plans: dict[str, Plan], url: str) -> dict[Chain, Key]:
-    """`url`'s first use ahead of the cursor in each chain that has one, as (epoch, position)."""
-    uses: dict[Chain, Key] = {}
-    for plan_id, where in positions.get(url, {}).items():
-        plan = plans.get(plan_id)
-        position = None if plan is None else first_at_or_after(where, plan.cursor)
-        if plan is not None and position is not None:
-            key = (plan.epoch, position)
-            known = uses.get(plan.chain)
-            if known is None or key < known:
-                uses[plan.chain] = key
-    return uses
-
-
-def use_in(positions: Positions, plans: dict[str, Plan], url: str, chain: Chain) -> Key | None:
-    """`url`'s first use ahead of the cursor in `chain`, as (epoch, position); None when none."""
-    best: Key | None = None
-    for plan_id, where in positions.get(url, {}).items():
-        plan = plans.get(plan_id)
-        if plan is None or plan.chain is not chain:
-            continue
-        position = first_at_or_after(where, plan.cursor)
-        if position is not None and (best is None or (plan.epoch, position) < best):
-            best = (plan.epoch, position)
-    return best
-
-
-def _earliest(keys: dict[Chain, Key], use_time: UseTime) -> Chain:
-    """The chain whose use in `keys` comes first by `use_time` (the first such in `keys` on ties)."""
-    if len(keys) == 1:
-        return next(iter(keys))
-    return min(keys, key=lambda chain: use_time(chain, *keys[chain]))
+UNRANKED = 1 << 62  # idle key of a url never used: its store order, below every used url's rank
 
 
 class NextUseIndex:
-    """Resident urls: per chain by next use, and the idle ones by recency.
+    """Resident urls: the planned ones filed under their owner plan, the idle ones by recency.
 
     Args:
-        rank: the recency rank of a url (larger is more recent; 0 never used).
-        uses: a url's first use ahead of the cursor in every chain that has one.
-        use_in: a url's first use ahead of the cursor in one chain, or None.
-        use_time: a chain's estimated time of one of its uses now, which picks a url's owner when it is
-            filed (any choice is correct; the earliest keeps the walk short).
+        table: the urls' ids.
+        plans: the live plans and which hold each url.
+        rank: the recency rank of a url id (larger is more recent; 0 never used).
+        line: a plan's time line now, which picks a url's owner when it is filed (any choice is correct;
+            the earliest keeps the walk short).
         by_recency_only: keep every resident url in the recency order (the lru policy): plans are ignored.
     """
 
     def __init__(
         self,
-        rank: Callable[[str], int],
-        uses: Callable[[str], dict[Chain, Key]],
-        use_in: Callable[[str, Chain], Key | None],
-        use_time: UseTime,
+        table: UrlTable,
+        plans: PlanIndex,
+        rank: Callable[[int], int],
+        line: Callable[[Plan], Line],
         *,
         by_recency_only: bool = False,
     ) -> None:
+        self._table = table
+        self._plans = plans
         self._rank = rank
-        self._uses = uses
-        self._use_in = use_in
-        self._use_time = use_time
+        self._line = line
         self._by_recency_only = by_recency_only
-        self._order = itertools.count()
-        self._seq: dict[str, int] = {}  # resident url -> its place in the store's order (ties go first)
-        self._keys: dict[str, dict[Chain, Key]] = {}  # planned resident url -> chain -> its next use there
-        self._chains: dict[Chain, SortedList] = {}  # chain -> SortedList of every (epoch, position, url)
-        self._owned: dict[Chain, SortedList] = {}  # chain -> SortedList of the entries of urls it owns
-        self._owner: dict[str, tuple[Chain, Entry]] = {}  # planned resident url -> its owned entry
-        self._idle: SortedList = SortedList()  # (rank, seq, url) of resident urls in no plan ahead
-        self._idle_rank: dict[str, int] = {}  # idle url -> the rank it is filed under
-        # (chain, epoch) of a dropped plan -> the last of its entries refiled (None: none yet); oldest first.
-        self._pending: dict[tuple[Chain, int], Entry | None] = {}
+        self._next_seq = 0
+        self._count = 0
+        size = 1024
+        self._seq = np.full(size, -1, dtype=np.int64)  # by url id: place in the store's order, -1 absent
+        self._owner = np.full(size, -1, dtype=np.int64)  # by url id: owner plan's slot, -1 none
+        self._owned_at = np.zeros(size, dtype=np.int64)  # by url id: its position in the owner plan
+        self._owned: dict[int, PositionSet] = {}  # slot -> the positions filed under that plan
+        self._idle = MinOrder()
+        self._pending: deque[npt.NDArray[np.int64]] = deque()  # url ids of dropped owners, to refile
 
-    def __contains__(self, url: str) -> bool:
-        return url in self._seq
+    def __contains__(self, uid: int) -> bool:
+        return uid < len(self._seq) and self._seq[uid] >= 0
 
     def __len__(self) -> int:
-        return len(self._seq)
+        return self._count
 
-    def seq(self, url: str) -> int:
+    def seq(self, uid: int) -> int:
         """The url's place in the store's order (smaller is older)."""
-        return self._seq[url]
+        return int(self._seq[uid])
+
+    def resident_ids(self) -> npt.NDArray[np.int64]:
+        """Every resident url id, in the store's order."""
+        ids = np.flatnonzero(self._seq >= 0)
+        return ids[np.argsort(self._seq[ids], kind="stable")]
+
+    def idle_key(self, uid: int) -> int | None:
+        """The key `uid` is filed under in the idle order, None when it is not idle."""
+        return self._idle.key(uid)
+
+    def owned_by(self, uid: int) -> tuple[int, int] | None:
+        """(owner slot, position) of a planned resident url, None otherwise."""
+        if uid >= len(self._owner) or self._owner[uid] < 0:
+            return None
+        return int(self._owner[uid]), int(self._owned_at[uid])
 
     # -- residency --------------------------------------------------------------------------------------
-    def add(self, url: str) -> None:
-        """`url` became resident (last in the store's order)."""
-        if url in self._seq:
-            self.remove(url)
-        self._seq[url] = next(self._order)
-        uses = {} if self._by_recency_only else self._uses(url)
-        if uses:
-            self._keys[url] = uses
-            for chain, (epoch, position) in uses.items():
-                self._chain(chain).add((epoch, position, url))
-            self._own(url, uses, self._use_time)
-        else:
-            self._file_idle(url)
+    def add(self, uid: int) -> None:
+        """`uid` became resident (last in the store's order)."""
+        if uid in self:
+            self.remove(uid)
+        self._reserve(uid)
+        self._seq[uid] = self._next_seq
+        self._next_seq += 1
+        self._count += 1
+        self.refile(uid)
 
-    def remove(self, url: str) -> None:
-        """`url` left the cache."""
-        if url not in self._seq:
+    def remove(self, uid: int) -> None:
+        """`uid` left the cache."""
+        if uid not in self:
             return
-        self._unfile_idle(url)
-        self._disown(url)
-        for chain, (epoch, position) in self._keys.pop(url, {}).items():
-            self._drop_entry(chain, (epoch, position, url))
-        del self._seq[url]
+        self._idle.discard(uid)
+        self._disown(uid)
+        self._seq[uid] = -1
+        self._count -= 1
 
     # -- changes of next use ----------------------------------------------------------------------------
-    def touched(self, url: str) -> None:
-        """`url`'s recency changed: refile it if it is idle (or always, under recency only)."""
-        if url in self._idle_rank:
-            self._unfile_idle(url)
-            self._file_idle(url)
+    def touched(self, uid: int) -> None:
+        """`uid`'s recency changed: refile it if it is idle."""
+        if uid in self._idle:
+            self._idle.set(uid, self._idle_key(uid))
 
-    def replan(self, url: str, chain: Chain) -> None:
-        """`url`'s uses in `chain` may have changed (indexed, unindexed, or passed by the cursor)."""
-        if url not in self._seq or self._by_recency_only:
+    def refile(self, uid: int) -> None:
+        """File resident `uid` under its earliest use now, or as idle when no plan has it ahead."""
+        if uid not in self:
             return
-        key = self._use_in(url, chain)
-        keys = self._keys.get(url)
-        old = None if keys is None else keys.get(chain)
-        if old == key:
+        found = None if self._by_recency_only else self._plans.first_use(uid, self._line)
+        if found is None:
+            self._disown(uid)
+            self._idle.set(uid, self._idle_key(uid))
             return
-        if old is not None and keys is not None:
-            self._drop_entry(chain, (*old, url))
-            del keys[chain]
-        if key is not None:
-            self._chain(chain).add((*key, url))
-            if keys is None:
-                self._unfile_idle(url)
-                keys = self._keys[url] = {}
-            keys[chain] = key
-        if keys is not None and keys:
-            self._own(url, keys, self._use_time)
-        elif keys is not None:
-            del self._keys[url]
-            self._disown(url)
-            self._file_idle(url)
+        plan, position, _ = found
+        slot = plan.slot
+        if self._owner[uid] == slot and self._owned_at[uid] == position:
+            return
+        self._idle.discard(uid)
+        self._disown(uid)
+        self._owner[uid] = slot
+        self._owned_at[uid] = position
+        owned = self._owned.get(slot)
+        if owned is None:
+            owned = self._owned[slot] = PositionSet(len(plan))
+        owned.add(position)
 
-    def dropped(self, chain: Chain, epoch: int) -> None:
-        """`chain`'s plan for `epoch` is no longer live: its resident urls are to be refiled (their use there
-        is gone), by `refile_more` in pieces or by `settle` before the next decision. O(1)."""
-        if self._by_recency_only or chain not in self._chains:
+    def refile_many(self, uids: npt.NDArray[np.int64]) -> None:
+        """`refile` of many url ids at once, vectorised (no repeats in `uids`)."""
+        uids = uids[uids < len(self._seq)]
+        uids = uids[self._seq[uids] >= 0]
+        if not len(uids):
             return
-        # Dropped again while pending (the plan that replaced it): start over, since the entries the walk has
-        # passed may be the replacement's, live until now.
-        self._pending[(chain, epoch)] = None
+        if self._by_recency_only:
+            slots = np.full(len(uids), -1, dtype=np.int64)
+            positions = np.zeros(len(uids), dtype=np.int64)
+        else:
+            slots, positions = self._plans.earliest(uids, self._line)
+        same = (self._owner[uids] == slots) & (self._owned_at[uids] == positions) & (slots >= 0)
+        uids, slots, positions = uids[~same], slots[~same], positions[~same]
+        owners = self._owner[uids]
+        for slot in np.unique(owners[owners >= 0]).tolist():
+            self._owned[slot].remove_many(self._owned_at[uids[owners == slot]])
+        self._owner[uids] = slots
+        self._owned_at[uids] = positions
+        idle = slots < 0
+        if idle.any():
+            now_idle = uids[idle]
+            ranks = np.fromiter(
+                (self._rank(u) for u in now_idle.tolist()), dtype=np.int64, count=len(now_idle)
+            )
+            keys = np.where(ranks > 0, ranks, self._seq[now_idle] - UNRANKED)
+            self._idle.set_many(now_idle, keys)
+        self._idle.discard_many(uids[~idle])
+        for slot in np.unique(slots[~idle]).tolist():
+            owned = self._owned.get(slot)
+            if owned is None:
+                plan = self._plans.plan_at(slot)
+                assert plan is not None
+                owned = self._owned[slot] = PositionSet(len(plan))
+            owned.add_many(positions[slots == slot])
+
+    def indexed(self, uids: npt.NDArray[np.int64]) -> None:
+        """A plan now holds `uids` (distinct): the resident ones may have become planned or nearer."""
+        self.refile_many(uids)
+
+    def passed(self, plan: Plan, start: int, stop: int) -> None:
+        """`plan`'s cursor moved from `start` to `stop`: the urls filed under it in between move on."""
+        owned = self._owned.get(plan.slot)
+        if owned is None or not len(owned) or stop <= start:
+            return
+        positions = owned.between(start, stop)
+        if len(positions) == 1:
+            self.refile(int(plan.ids[positions[0]]))
+        elif len(positions):
+            self.refile_many(np.unique(plan.ids[positions]).astype(np.int64))
+
+    def dropped(self, plan: Plan) -> None:
+        """`plan` is no longer live: the urls filed under it are to be refiled, by `refile_more` in pieces
+        or by `settle` before the next decision. O(its owned positions) in numpy, none per url in Python."""
+        owned = self._owned.pop(plan.slot, None)
+        if owned is None or not len(owned):
+            return
+        uids = plan.ids[owned.members()].astype(np.int64)
+        self._owner[uids] = -1  # the slot may serve another plan before these are refiled
+        self._pending.append(uids)
 
     @property
     def refile_pending(self) -> bool:
@@ -211,19 +222,16 @@ class NextUseIndex:
         return bool(self._pending)
 
     def refile_more(self, budget: int | None) -> bool:
-        """Refile up to `budget` (None: all) entries of dropped plans, oldest drop first; True once none is
-        left. Each (chain, epoch) is walked in its order from where the last piece stopped: a refile moves
-        the url out of that epoch, or (the epoch's plan was replaced) to its live use there, met again as a
-        no-op at worst."""
+        """Refile up to `budget` (None: all) urls of dropped owners; True once none is left."""
         while self._pending and (budget is None or budget > 0):
-            (chain, epoch), after = next(iter(self._pending.items()))
-            count, resume = self._refile(chain, epoch, after, budget)
-            if resume is None:
-                del self._pending[(chain, epoch)]
-            else:
-                self._pending[(chain, epoch)] = resume
+            uids = self._pending[0]
+            take = len(uids) if budget is None else min(budget, len(uids))
+            self._pending[0] = uids[take:]
+            if take == len(uids):
+                self._pending.popleft()
+            self.refile_many(uids[:take])
             if budget is not None:
-                budget -= count
+                budget -= take
         return not self._pending
 
     def settle(self) -> None:
@@ -231,180 +239,86 @@ class NextUseIndex:
         if self._pending:
             self.refile_more(None)
 
-    def passed(self, chain: Chain, epoch: int, cursor: int) -> None:
-        """`chain`'s cursor now stands at `cursor` of its plan for `epoch` (earlier epochs are done): every
-        url whose use there lies before it moves on to its next use."""
-        order = self._chains.get(chain)
-        if order is None:
-            return
-        # (epoch, cursor) sorts before every (epoch, cursor, url): the entries below it are the passed ones.
-        for _, _, url in list(order.irange(maximum=(epoch, cursor), inclusive=(True, False))):
-            self.replan(url, chain)
-
     # -- decisions --------------------------------------------------------------------------------------
     def least_recent_idle(self, usable: Callable[[str], bool]) -> str | None:
         """The least recent idle url that `usable` accepts (first in store order on ties), or None."""
         self.settle()
-        idle: Iterator[tuple[int, int, str]] = iter(self._idle)
-        return next((url for _, _, url in idle if usable(url)), None)
+        url = self._table.url
+        found = self._idle.first(lambda uid: usable(url(uid)))
+        return None if found is None else url(found)
 
     def any_usable(self, usable: Callable[[str], bool]) -> bool:
-        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses). Reads the
-        residency alone, which a pending refile does not change: nothing to settle."""
-        return any(usable(url) for url in self._seq)
+        """Whether any resident url is accepted by `usable` (walks only past the ones it refuses)."""
+        url = self._table.url
+        for start in range(0, len(self._seq), 4096):
+            for uid in np.flatnonzero(self._seq[start : start + 4096] >= 0).tolist():
+                if usable(url(start + uid)):
+                    return True
+        return False
 
     def farthest(
         self,
         usable: Callable[[str], bool],
-        entry_time: Callable[[Chain, int, int], float],
-        next_time: Callable[[str], float | None],
+        line: Callable[[Plan], Line],
+        next_time: Callable[[int], float | None],
     ) -> tuple[str, float] | None:
         """The planned url that `usable` accepts with the latest `next_time`, first in store order on ties.
 
-        `entry_time(chain, epoch, position)` is that chain's estimate for one of its uses; it must not
-        decrease along the chain's order (it is the chain's time line). `next_time(url)` is the exact
-        estimate (the min over every plan holding the url), which decides.
+        `line(plan)` is the plan's time line for this decision; `next_time(uid)` the exact estimate (the
+        min over every plan holding the url), which decides.
         """
-        self.settle()  # a dropped plan's entries would break the walk's premise (module docstring)
-        heads: list[tuple[float, int, str, Chain, Iterator[Entry]]] = []
-        for tiebreak, (chain, order) in enumerate(self._owned.items()):
-            walk = reversed(order)
-            epoch, position, url = next(walk)
-            heads.append((-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
+        self.settle()  # a dropped plan's urls are filed nowhere until refiled (module docstring)
+        heads: list[tuple[float, int, int, Plan, PositionSet, float, float]] = []
+        for slot, owned in self._owned.items():
+            position = owned.last()
+            plan = self._plans.plan_at(slot)
+            if position is None or plan is None:
+                continue
+            a, b = line(plan)
+            heads.append((-(a + position * b), slot, position, plan, owned, a, b))
         heapq.heapify(heads)
-        best: str | None = None
+        table_url, seqs = self._table.url, self._seq
+        best = -1
         best_time = -float("inf")
         best_seq = 0
-        stale: list[str] = []  # urls met whose owned entry is later than their exact time
+        stale: list[int] = []  # urls met whose owned entry is later than their exact time
         while heads:
-            negative, tiebreak, url, chain, walk = heads[0]
+            negative, slot, position, plan, owned, a, b = heads[0]
             if -negative < best_time:
                 break  # every url not met yet is needed sooner than the best one met
-            if usable(url):
-                when = next_time(url)
-                seq = self._seq[url]
+            uid = int(plan.ids[position])
+            if usable(table_url(uid)):
+                when = next_time(uid)
+                seq = int(seqs[uid])
                 if when is None or when < -negative:
-                    stale.append(url)
+                    stale.append(uid)
                 if when is not None and (when > best_time or (when == best_time and seq < best_seq)):
-                    best, best_time, best_seq = url, when, seq
-            following = next(walk, None)
+                    best, best_time, best_seq = uid, when, seq
+            following = owned.before(position)
             if following is None:
                 heapq.heappop(heads)
             else:
-                epoch, position, url = following
-                heapq.heapreplace(heads, (-entry_time(chain, epoch, position), tiebreak, url, chain, walk))
-        for url in stale:  # after the walk: its iterators must not see the orders change
-            self._own(url, self._keys[url], entry_time)
-        return None if best is None else (best, best_time)
+                heapq.heapreplace(heads, (-(a + following * b), slot, following, plan, owned, a, b))
+        for uid in stale:  # after the walk: the orders must not change under it
+            self.refile(uid)
+        return None if best < 0 else (table_url(best), best_time)
 
     # -- internals --------------------------------------------------------------------------------------
-    def _refile(
-        self, chain: Chain, epoch: int, after: Entry | None, limit: int | None
-    ) -> tuple[int, Entry | None]:
-        """`replan(url, chain)` for the next `limit` (None: all) urls filed under `chain`'s `epoch` after
-        `after`, with the same result, the sorted orders changed in bulk (cut and merged) rather than entry
-        by entry (~10 us a url at 10^5 resident instead of ~25-45). (urls refiled, the last entry met if
-        some are left, else None)."""
-        order = self._chains.get(chain)
-        if order is None:
-            return 0, None
-        # (epoch,) sorts before every (epoch, position, url), (epoch + 1,) after them.
-        lo = order.bisect_left((epoch,)) if after is None else order.bisect_right(after)
-        end = order.bisect_left((epoch + 1,))
-        hi = end if limit is None else min(end, lo + limit)
-        entries: list[Entry] = order[lo:hi]
-        kept: list[Entry] = []  # entries that stay (the live plan of that epoch, if one replaced it)
-        owned_out: dict[Chain, list[Entry]] = {}
-        owned_in: dict[Chain, list[Entry]] = {}
-        idle_in: list[tuple[int, int, str]] = []
-        for entry in entries:
-            url = entry[2]
-            key = self._use_in(url, chain)
-            keys = self._keys[url]
-            if key == entry[:2]:
-                kept.append(entry)
-                continue
-            del keys[chain]  # then set again: the dict's order (min's ties) as `replan` leaves it
-            if key is not None:
-                keys[chain] = key
-                kept.append((*key, url))
-            known = self._owner.get(url)
-            if keys:
-                owner = _earliest(keys, self._use_time)
-                owned = (*keys[owner], url)
-                if known is not None and known[0] is owner and known[1] == owned:
-                    continue
-                self._owner[url] = (owner, owned)
-                owned_in.setdefault(owner, []).append(owned)
-            else:
-                del self._keys[url]
-                self._owner.pop(url, None)
-                rank = self._rank(url)
-                self._idle_rank[url] = rank
-                idle_in.append((rank, self._seq[url], url))
-            if known is not None:
-                owned_out.setdefault(known[0], []).append(known[1])
-        del order[lo:hi]
-        order.update(kept)
-        if not order:
-            del self._chains[chain]
-        for owner, out in owned_out.items():
-            listed = self._owned[owner]
-            if len(out) * 8 >= len(listed):  # most of it: rebuild rather than remove one by one
-                gone = set(out)
-                listed = self._owned[owner] = SortedList(e for e in listed if e not in gone)
-            else:
-                for gone_entry in out:
-                    listed.remove(gone_entry)
-        for owner, filed in owned_in.items():
-            self._owned.setdefault(owner, SortedList()).update(filed)
-        for owner in owned_out:
-            if owner in self._owned and not self._owned[owner]:
-                del self._owned[owner]
-        self._idle.update(idle_in)
-        return len(entries), (entries[-1] if hi < end else None)
+    def _idle_key(self, uid: int) -> int:
+        rank = self._rank(uid)
+        return rank if rank > 0 else int(self._seq[uid]) - UNRANKED
 
-    def _chain(self, chain: Chain) -> SortedList:
-        order = self._chains.get(chain)
-        if order is None:
-            order = self._chains[chain] = SortedList()
-        return order
+    def _disown(self, uid: int) -> None:
+        slot = int(self._owner[uid])
+        if slot >= 0:
+            self._owned[slot].remove(int(self._owned_at[uid]))
+            self._owner[uid] = -1
 
-    def _own(self, url: str, keys: dict[Chain, Key], use_time: UseTime) -> None:
-        """File `url` under the chain of its earliest use by `use_time` (the first such on ties)."""
-        owner = _earliest(keys, use_time)
-        entry = (*keys[owner], url)
-        known = self._owner.get(url)
-        if known is not None and known[0] is owner and known[1] == entry:
+    def _reserve(self, uid: int) -> None:
+        size = len(self._seq)
+        if uid < size:
             return
-        self._disown(url)
-        order = self._owned.get(owner)
-        if order is None:
-            order = self._owned[owner] = SortedList()
-        order.add(entry)
-        self._owner[url] = (owner, entry)
-
-    def _disown(self, url: str) -> None:
-        known = self._owner.pop(url, None)
-        if known is not None:
-            owner, entry = known
-            order = self._owned[owner]
-            order.remove(entry)
-            if not order:
-                del self._owned[owner]
-
-    def _drop_entry(self, chain: Chain, entry: tuple[int, int, str]) -> None:
-        order = self._chains[chain]
-        order.remove(entry)
-        if not order:
-            del self._chains[chain]
-
-    def _file_idle(self, url: str) -> None:
-        rank = self._rank(url)
-        self._idle_rank[url] = rank
-        self._idle.add((rank, self._seq[url], url))
-
-    def _unfile_idle(self, url: str) -> None:
-        rank = self._idle_rank.pop(url, None)
-        if rank is not None:
-            self._idle.remove((rank, self._seq[url], url))
+        grown = max(2 * size, uid + 1)
+        self._seq = np.concatenate([self._seq, np.full(grown - size, -1, dtype=np.int64)])
+        self._owner = np.concatenate([self._owner, np.full(grown - size, -1, dtype=np.int64)])
+        self._owned_at = np.concatenate([self._owned_at, np.zeros(grown - size, dtype=np.int64)])

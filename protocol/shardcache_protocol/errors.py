@@ -36,6 +36,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "remote_not_found": (404, "the remote object does not exist"),
     "unknown_lease": (404, "the lease is unknown or expired; open the shard again"),
     "unknown_plan": (404, "the plan is unknown (deleted, or dropped as stale)"),
+    "unknown_shardlist": (404, "the shard list is not known (any more): upload it with PUT, then retry"),
     "not_resident": (404, "the shard is not in the cache"),
     "internal": (500, "a bug or an unexpected state; see the daemon's log"),
     "remote_failed": (502, "the remote failed after the daemon's retries"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 API_PREFIX = "/v1"
 # A shard URL is at most this long; bounded so a hostile request cannot make the daemon hash megabytes.
@@ -86,14 +86,40 @@ class ReleaseRequest(_Request):
     lease: str = Field(min_length=1, max_length=128)
 
 
+# A shard list's name on the wire: the sha256 of its body, in lower-case hex.
+SHARDLIST_DIGEST = r"^[0-9a-f]{64}$"
+
+
 class PlanRequest(_Request):
-    """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch."""
+    """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch.
+
+    Either `urls`, or `shardlist` and `positions`: the digest of a shard list uploaded with
+    `PUT /v1/shardlists/{digest}` and the plan's positions in it, base64 of little-endian int32.
+    """
 
     job: str = Field(min_length=1, max_length=256)
     slot: int = Field(ge=0)
     epoch: int = Field(ge=0)
     # Bounded by the daemon's `--max-plan-urls` (413 plan_too_large beyond), not by the schema.
-    urls: list[ShardUrl]
+    urls: list[ShardUrl] | None = None
+    shardlist: str | None = Field(default=None, pattern=SHARDLIST_DIGEST, description="a shard list's digest")
+    positions: str | None = Field(
+        default=None, description="base64 of the plan's positions in the shard list, int32 little-endian"
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> PlanRequest:
+        listed = self.shardlist is not None and self.positions is not None
+        if (self.urls is not None) == listed or (not listed and (self.shardlist or self.positions)):
+            raise ValueError("give either `urls`, or `shardlist` and `positions`")
+        return self
+
+
+class ShardListAccepted(_Answer):
+    """`PUT /v1/shardlists/{digest}`: the shard list is known to the daemon from now on."""
+
+    shardlist: str = Field(description="its digest, the sha256 of the body")
+    urls: int = Field(description="how many urls it holds")
 
 
 class PlanResponse(_Answer):

@@ -44,6 +44,7 @@ def full_space(tmp_path: Path, planner: Planner) -> tuple[Space, Store]:
         evict_wait_s=1.0,
         clock=lambda: 0.0,
         closing=lambda: False,
+        refile_piece=50,
     )
     for i, url in enumerate(random.Random(5).sample(URLS, 220)):
         path = tmp_path / f"{i:03d}.data"

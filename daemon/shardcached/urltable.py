@@ -1,0 +1,89 @@
+"""Integer ids for canonical urls, given once per node: the plans and the next-use index work on ids.
+
+A plan is an array of ids and the index keeps its per-url state in arrays by id, so a url's text is held
+once, here. A dict of str to int and an object array of the urls are both invisible to the cyclic garbage
+collector (a dict holding no container is not tracked; a numpy array is never walked), so a table of
+millions of urls adds nothing to a full collection. Ids are never reused: a url keeps its id for the life
+of the daemon (it costs ~150 bytes; a node sees the shards of the datasets it serves).
+
+Thread-safe for what the worker threads do (`ids`: the urls of a plan or a shard list, in batches), and
+lock-free for the event loop's reads.
+
+Example:
+    >>> table = UrlTable()
+    >>> table.ids(["s3://b/x", "s3://b/y", "s3://b/x"]).tolist()
+    [0, 1, 0]
+    >>> table.url(1), table.find("s3://b/z")
+    ('s3://b/y', None)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+_BATCH = 4096  # urls given ids per hold of the lock (a few hundred microseconds)
+
+
+class UrlTable:
+    """Canonical url <-> int id (0, 1, 2, ... in order of first sight)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._urls: npt.NDArray[np.object_] = np.empty(1024, dtype=object)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def find(self, url: str) -> int | None:
+        """The id of `url`, or None if it has none."""
+        return self._ids.get(url)
+
+    def id(self, url: str) -> int:
+        """The id of `url`, given now if it has none."""
+        uid = self._ids.get(url)
+        if uid is None:
+            with self._lock:
+                uid = self._ids.get(url)
+                if uid is None:
+                    uid = self._add(url)
+        return uid
+
+    def ids(self, urls: Sequence[str]) -> npt.NDArray[np.int32]:
+        """The ids of `urls` (given where missing), as an int32 array in their order."""
+        out = np.empty(len(urls), dtype=np.int32)
+        get = self._ids.get
+        for start in range(0, len(urls), _BATCH):
+            batch = urls[start : start + _BATCH]
+            found: list[int | None] = [get(url) for url in batch]
+            if None in found:
+                with self._lock:
+                    for i, uid in enumerate(found):
+                        if uid is None:  # looked up again: another thread, or this batch, may have added it
+                            known = get(batch[i])
+                            found[i] = self._add(batch[i]) if known is None else known
+            out[start : start + len(batch)] = found  # type: ignore[assignment]  # no None left
+        return out
+
+    def url(self, uid: int) -> str:
+        """The url of id `uid`."""
+        return str(self._urls[uid])
+
+    def urls(self, uids: npt.NDArray[np.integer]) -> list[str]:
+        """The urls of several ids, in their order."""
+        return self._urls[uids].tolist()  # type: ignore[no-any-return]
+
+    def _add(self, url: str) -> int:
+        """Give `url` the next id (the lock is held; `url` has none)."""
+        uid = len(self._ids)
+        if uid >= len(self._urls):
+            grown = np.empty(2 * len(self._urls), dtype=object)
+            grown[:uid] = self._urls[:uid]
+            self._urls = grown  # readers holding the old array only read ids it has
+        self._urls[uid] = url
+        self._ids[url] = uid
+        return uid
