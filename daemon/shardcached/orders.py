@@ -62,7 +62,7 @@ class PositionSet:
         """Add positions (none of them a member yet, no repeats)."""
         if len(positions):
             self._bits[positions] = True
-            np.add.at(self._counts, positions // BLOCK, 1)
+            self._counts += np.bincount(positions // BLOCK, minlength=len(self._counts)).astype(np.int32)
             self._size += len(positions)
             if self._max is not None:
                 self._max = max(self._max, int(positions.max()))
@@ -71,7 +71,7 @@ class PositionSet:
         """Remove positions (all of them members, no repeats)."""
         if len(positions):
             self._bits[positions] = False
-            np.subtract.at(self._counts, positions // BLOCK, 1)
+            self._counts -= np.bincount(positions // BLOCK, minlength=len(self._counts)).astype(np.int32)
             self._size -= len(positions)
             self._max = None
 

@@ -11,6 +11,7 @@ shards without it) and `open_wire` (the open's grant and the connection count be
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import threading
@@ -37,6 +38,7 @@ from shardcache.daemon_access.open_wire import CountingTransport, parse_grant
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
 from shardcache.node import JSONObject, JSONValue
+from shardcache.shards import ListedUrls
 from shardcache_protocol import (
     API_PREFIX,
     Health,
@@ -54,6 +56,8 @@ logger = logging.getLogger(__name__)
 Handoff = Literal["auto", "path", "stream"]
 _HANDOFFS = ("auto", "path", "stream")
 _V1 = API_PREFIX
+# The daemon no longer holds (or never held) the shard list a plan names: upload it, then register again.
+UNKNOWN_SHARDLIST = "unknown_shardlist"
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
 
@@ -127,6 +131,8 @@ class DaemonClient(DaemonAvailability):
         self._state_lock = threading.Lock()
         self._down_at = None  # the daemon's state as this client sees it (see DaemonAvailability)
         self._seen_up = False
+        self._shardlists_uploaded: set[str] = set()  # digests of shard lists this process uploaded
+        self._shardlists_refused = False  # the daemon has no shard lists (older): plans go as url lists
         self._warned_path = False
         self._warned_capacity = False
         self._disk_full = DiskFullMemory(self.disk_full_retry_s)
@@ -348,6 +354,10 @@ class DaemonClient(DaemonAvailability):
     ) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
 
+        Urls given as positions in a shard list (`ListedUrls`) go in the compact form: the shard list is
+        uploaded once per process (`PUT /v1/shardlists/{digest}`, again when the daemon no longer holds it)
+        and the plan names positions in it. A daemon without shard lists gets the urls themselves.
+
         `ahead`: a plan for later (the next epoch), registered from another thread than the one opening
         shards: it goes over the control connection only, so it opens no connection that `generation`
         would count as a reconnect.
@@ -356,19 +366,51 @@ class DaemonClient(DaemonAvailability):
             DaemonUnavailable: no daemon answers and `required=True`.
             BadRequest: the daemon rejected the plan.
         """
-        body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
 
         def send() -> Response:
             # The plan belongs to the current `generation`: the open path's connection is made first, so the
             # open that follows this registration does not look like a reconnect to a restarted daemon.
             if not ahead:
                 self._transport.connect()
+            if isinstance(urls, ListedUrls) and not self._shardlists_refused:
+                listed = self._send_listed(job, slot, epoch, urls)
+                if listed is not None:
+                    return listed
+            body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
             return self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
 
         answer = self._through_restarts(lambda: send().raise_for_status())
         if answer is None:
             return None
         return str(PlanResponse.model_validate(answer.json()).plan)
+
+    def _send_listed(self, job: str, slot: int, epoch: int, urls: ListedUrls) -> Response | None:
+        """Register a plan over its shard list, uploading the list first where the daemon lacks it; None
+        when the daemon has no shard lists (an older one: no such route), to send the urls instead."""
+        shards = urls.shards
+        digest = shards.urls_digest
+        positions = base64.b64encode(urls.positions.astype("<i4").tobytes()).decode("ascii")
+        body = {"job": job, "slot": slot, "epoch": epoch, "shardlist": digest, "positions": positions}
+        answer: Response | None = None
+        for _ in range(2):  # the daemon may have dropped the list (restarted, or too many lists): once more
+            if digest not in self._shardlists_uploaded:
+                put = self._control.request(
+                    "PUT",
+                    f"{_V1}/shardlists/{digest}",
+                    content=shards.urls_blob,
+                    headers=self._held_releases(),
+                )
+                if put.status in (404, 405):
+                    logger.info("shardcached has no shard lists (an older daemon): plans go as url lists")
+                    self._shardlists_refused = True
+                    return None
+                put.raise_for_status()
+                self._shardlists_uploaded.add(digest)
+            answer = self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+            if answer.status != 404 or _error_code(answer) != UNKNOWN_SHARDLIST:
+                return answer
+            self._shardlists_uploaded.discard(digest)
+        return answer
 
     def delete_plan(self, plan_id: str) -> None:
         """Withdraw a plan; quiet when no daemon answers or it no longer knows the plan (it restarted)."""
@@ -439,3 +481,12 @@ class DaemonClient(DaemonAvailability):
 
 def _quote(value: str) -> str:
     return urllib.parse.quote(value, safe="")
+
+
+def _error_code(answer: Response) -> str | None:
+    """The `error` code of an error answer's JSON body, None when it has none."""
+    try:
+        payload = answer.json()
+    except ValueError:
+        return None
+    return str(payload.get("error")) if isinstance(payload, dict) else None
