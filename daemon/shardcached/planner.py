@@ -93,8 +93,6 @@ class Planner:
             self.table, self._uses, self._recency.rank_of, self._line_now, by_recency_only=policy == "lru"
         )
         self._registry = PlanRegistry(stale_after_s, clock, self.table, self._uses, self._index)
-        self._plans = self._registry.plans  # the registry's own dicts, read here (never rebound there)
-        self._chains = self._registry.chains
 
     # -- registration: registration.py keeps the plans; these delegate --------------------------------
     def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
@@ -185,24 +183,28 @@ class Planner:
         """The live plans, for debugging: id, job, slot, epoch, cursor, len, interval_s, last_open."""
         return self._registry.describe()
 
+    def plan(self, plan_id: str) -> Plan | None:
+        """The live plan `plan_id` (its cursor, urls and chain), or None for an unknown id."""
+        return self._registry.plan(plan_id)
+
     def job_of(self, plan_id: str) -> str | None:
         """The job of a live plan; None for an unknown id."""
-        plan = self._plans.get(plan_id)
+        plan = self._registry.plan(plan_id)
         return None if plan is None else plan.chain.job
 
     def has_plan(self, plan_id: str) -> bool:
         """Whether `plan_id` is a live plan."""
-        return plan_id in self._plans
+        return self._registry.plan(plan_id) is not None
 
     @property
     def plan_count(self) -> int:
         """Number of live plans."""
-        return len(self._plans)
+        return self._registry.plan_count
 
     @property
     def reader_count(self) -> int:
         """Number of (job, slot) pairs with a live plan: the readers that may read concurrently."""
-        return len(self._chains)
+        return len(self._registry.readers())
 
     # -- opens, residency and decisions -----------------------------------------------------------------
     def record_open(self, url: str, plan_id: str | None = None) -> None:
@@ -216,7 +218,7 @@ class Planner:
         self._index.touched(uid)
         if plan_id is None:
             return
-        plan = self._plans.get(plan_id)
+        plan = self._registry.plan(plan_id)
         if plan is None:
             return
         chain = plan.chain
@@ -360,7 +362,7 @@ class Planner:
         self._registry.maybe_expire(now)
         ref = self._registry.reference_interval()
         windows = []
-        for chain in self._chains.values():
+        for chain in self._registry.readers():
             budget = self.prefetch_depth
             for plan in chain.plans:
                 end = min(len(plan), plan.cursor + budget)

@@ -161,6 +161,18 @@ class PlanRegistry:
         """Whether dropped plans still have bits in the index (see `unindex_more`)."""
         return self._index.clean_pending
 
+    def plan(self, plan_id: str) -> Plan | None:
+        """The live plan `plan_id`, or None."""
+        return self.plans.get(plan_id)
+
+    @property
+    def plan_count(self) -> int:
+        return len(self.plans)
+
+    def readers(self) -> list[Chain]:
+        """The (job, slot) chains with a live plan: the readers that may read concurrently."""
+        return list(self.chains.values())
+
     def orphan(self, plan_id: str, grace_s: float) -> bool:
         """Drop `plan_id`'s (job, slot)'s plans after `grace_s` unless an open or a new registration shows
         the slot is read on; False for an unknown id."""

@@ -83,7 +83,8 @@ class World:
         live = [p for p in self.plans if planner.has_plan(p)]
         if live and rng.random() < 0.8:
             plan_id = rng.choice(live)
-            plan = planner._plans[plan_id]
+            plan = planner.plan(plan_id)
+            assert plan is not None
             cursor, length, urls = plan.cursor, len(plan.urls), plan.urls
             if length and rng.random() < 0.8:
                 position = min(length - 1, cursor + rng.choice([0, 0, 1, 2, 5]))
