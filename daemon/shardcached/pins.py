@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from shardcached.layout import Entry
-    from shardcached.store import Lease
 
 UNKNOWN_PEER_JOB = "unknown peer"
 
@@ -26,6 +25,17 @@ UNKNOWN_PEER_JOB = "unknown peer"
 def pid_job(pid: int | None) -> str:
     """The job name of an open that names no plan: its process, as far as the daemon can see it."""
     return f"pid {pid}" if pid else UNKNOWN_PEER_JOB
+
+
+@dataclass(eq=False)
+class Lease:
+    """A lease on a resident shard (the store hands them out): it pins the shard until it ends."""
+
+    id: str
+    entry: Entry
+    expires: float
+    job: str = UNKNOWN_PEER_JOB  # whose bytes it pins
+    pid: int | None = None  # the process holding it, when the socket could tell (peers.py)
 
 
 @dataclass(eq=False)

@@ -23,25 +23,15 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from shardcached.errors import NotFound
 from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
-from shardcached.pins import UNKNOWN_PEER_JOB, PinLedger
+from shardcached.pins import UNKNOWN_PEER_JOB, Lease, PinLedger
 from shardcached.recovery import recover_cache_dir
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Lease:
-    id: str
-    entry: Entry
-    expires: float
-    job: str = UNKNOWN_PEER_JOB  # whose bytes it pins (pins.py)
-    pid: int | None = None  # the process holding it, when the socket could tell (peers.py)
 
 
 class Residency(Protocol):
