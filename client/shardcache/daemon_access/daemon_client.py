@@ -354,9 +354,10 @@ class DaemonClient(DaemonAvailability):
     ) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
 
-        Urls given as positions in a shard list (`ListedUrls`) go in the compact form: the shard list is
-        uploaded once per process (`PUT /v1/shardlists/{digest}`, again when the daemon no longer holds it)
-        and the plan names positions in it. A daemon without shard lists gets the urls themselves.
+        Urls given as positions in a shard list (`ListedUrls`) go in the compact form: the plan names
+        positions in the list, which is uploaded (`PUT /v1/shardlists/{digest}`) only when the daemon
+        answers that it does not hold it: once per node and job, whatever the ranks and workers, and again
+        after a restart of the daemon. A daemon without shard lists gets the urls themselves.
 
         `ahead`: a plan for later (the next epoch), registered from another thread than the one opening
         shards: it goes over the control connection only, so it opens no connection that `generation`
@@ -385,31 +386,26 @@ class DaemonClient(DaemonAvailability):
         return str(PlanResponse.model_validate(answer.json()).plan)
 
     def _send_listed(self, job: str, slot: int, epoch: int, urls: ListedUrls) -> Response | None:
-        """Register a plan over its shard list, uploading the list first where the daemon lacks it; None
-        when the daemon has no shard lists (an older one: no such route), to send the urls instead."""
+        """Register a plan over its shard list, uploading the list when the daemon lacks it (the first plan
+        of a job on the node, or the daemon restarted); None when the daemon has no shard lists (an older
+        one: it refuses the form and has no upload route), to send the urls instead."""
         shards = urls.shards
         digest = shards.urls_digest
         positions = base64.b64encode(urls.positions.astype("<i4").tobytes()).decode("ascii")
         body = {"job": job, "slot": slot, "epoch": epoch, "shardlist": digest, "positions": positions}
-        answer: Response | None = None
-        for _ in range(2):  # the daemon may have dropped the list (restarted, or too many lists): once more
-            if digest not in self._shardlists_uploaded:
-                put = self._control.request(
-                    "PUT",
-                    f"{_V1}/shardlists/{digest}",
-                    content=shards.urls_blob,
-                    headers=self._held_releases(),
-                )
-                if put.status in (404, 405):
-                    logger.info("shardcached has no shard lists (an older daemon): plans go as url lists")
-                    self._shardlists_refused = True
-                    return None
-                put.raise_for_status()
-                self._shardlists_uploaded.add(digest)
+        answer = self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+        unknown = answer.status == 404 and _error_code(answer) == UNKNOWN_SHARDLIST
+        if unknown or (answer.status == 422 and digest not in self._shardlists_uploaded):
+            put = self._control.request(
+                "PUT", f"{_V1}/shardlists/{digest}", content=shards.urls_blob, headers=self._held_releases()
+            )
+            if put.status in (404, 405):
+                logger.info("shardcached has no shard lists (an older daemon): plans go as url lists")
+                self._shardlists_refused = True
+                return None
+            put.raise_for_status()
+            self._shardlists_uploaded.add(digest)
             answer = self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
-            if answer.status != 404 or _error_code(answer) != UNKNOWN_SHARDLIST:
-                return answer
-            self._shardlists_uploaded.discard(digest)
         return answer
 
     def delete_plan(self, plan_id: str) -> None:
