@@ -39,7 +39,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from shardcached.orders import MinOrder, PositionSet
+from shardcached.orders import MinOrder, PositionSet, distinct
 from shardcached.planindex import Line, PlanIndex
 from shardcached.plans import Plan
 from shardcached.urltable import UrlTable
@@ -170,7 +170,7 @@ class NextUseIndex:
         same = (self._owner[uids] == slots) & (self._owned_at[uids] == positions) & (slots >= 0)
         uids, slots, positions = uids[~same], slots[~same], positions[~same]
         owners = self._owner[uids]
-        for slot in np.unique(owners[owners >= 0]).tolist():
+        for slot in distinct(owners[owners >= 0]).tolist():
             self._owned[slot].remove_many(self._owned_at[uids[owners == slot]])
         self._owner[uids] = slots
         self._owned_at[uids] = positions
@@ -183,7 +183,7 @@ class NextUseIndex:
             keys = np.where(ranks > 0, ranks, self._seq[now_idle] - UNRANKED)
             self._idle.set_many(now_idle, keys)
         self._idle.discard_many(uids[~idle])
-        for slot in np.unique(slots[~idle]).tolist():
+        for slot in distinct(slots[~idle]).tolist():
             owned = self._owned.get(slot)
             if owned is None:
                 plan = self._plans.plan_at(slot)
@@ -204,7 +204,7 @@ class NextUseIndex:
         if len(positions) == 1:
             self.refile(int(plan.ids[positions[0]]))
         elif len(positions):
-            self.refile_many(np.unique(plan.ids[positions]).astype(np.int64))
+            self.refile_many(distinct(plan.ids[positions]))
 
     def dropped(self, plan: Plan) -> None:
         """`plan` is no longer live: the urls filed under it are to be refiled, by `refile_more` in pieces

@@ -25,6 +25,20 @@ BLOCK = 1024
 ABSENT = np.iinfo(np.int64).max  # the key of an id that is not in a `MinOrder`
 
 
+def distinct(values: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """The distinct values, ascending, as int64.
+
+    `np.unique` would do, but its first call imports `numpy.ma` (100-300 ms, on the event loop, in the
+    first plan's first indexing step)."""
+    ordered = np.sort(values).astype(np.int64, copy=False)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 class PositionSet:
     """A set of positions in [0, length), ordered, as a bitmap with per-block counts."""
 
@@ -181,7 +195,7 @@ class MinOrder:
         self._refresh(uids)
 
     def _refresh(self, uids: npt.NDArray[np.int64]) -> None:
-        blocks = np.unique(uids // BLOCK)
+        blocks = distinct(uids // BLOCK)
         rows = self._keys.reshape(-1, BLOCK)
         self._mins[blocks] = rows[blocks].min(axis=1)
 

@@ -238,11 +238,16 @@ def _parse(
             pos = _urls(body, pos, max_urls, too_large, into)
             urls = True
         else:
-            value = _SCALAR.match(body, pos)
-            if value is None:
-                raise Invalid(f"{key}: expected a string or a number; see docs/api.md")
-            fields[key] = json.loads(value.group(0))
-            pos = value.end()
+            end = _plain_string_end(body, pos)
+            if end is not None:
+                fields[key] = _string(body[pos:end], pos)
+                pos = end
+            else:
+                value = _SCALAR.match(body, pos)
+                if value is None:
+                    raise Invalid(f"{key}: expected a string or a number; see docs/api.md")
+                fields[key] = json.loads(value.group(0))
+                pos = value.end()
         pos = _skip(body, pos)
         if body[pos : pos + 1] == b",":
             pos = _skip(body, pos + 1)
@@ -314,6 +319,19 @@ def _positions(text: str, length: int, max_urls: int) -> npt.NDArray[np.int32]:
     if len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= length):
         raise Invalid(f"positions: a position lies outside the shard list of {length} urls; see docs/api.md")
     return positions
+
+
+def _plain_string_end(body: bytes, pos: int) -> int | None:
+    """Where the JSON string at `pos` ends, when it holds no escape; None otherwise (or no string there).
+
+    Found with two byte searches in C: the scalar pattern's alternation steps per character, which held the
+    GIL for seconds over the megabytes of a plan's base64 positions."""
+    if body[pos : pos + 1] != b'"':
+        return None
+    close = body.find(b'"', pos + 1)
+    if close < 0 or body.find(b"\\", pos + 1, close) >= 0:
+        return None
+    return close + 1
 
 
 def _string(token: bytes, pos: int) -> str:

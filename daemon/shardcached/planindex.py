@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
+from shardcached.orders import distinct
 from shardcached.plans import Plan
 
 _LOW = (1 << 32) - 1
@@ -57,7 +58,7 @@ class PlanIndex:
         """Count up to `budget` more positions of live `plan` as holding their urls; the (distinct) ids
         indexed now."""
         stop = min(len(plan), plan.indexed + budget)
-        ids = np.unique(plan.ids[plan.indexed : stop]).astype(np.int64)
+        ids = distinct(plan.ids[plan.indexed : stop])
         plan.indexed = stop
         if len(ids):
             self._reserve(int(ids[-1]))

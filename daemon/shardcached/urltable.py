@@ -54,18 +54,21 @@ class UrlTable:
         return uid
 
     def ids(self, urls: Sequence[str]) -> npt.NDArray[np.int32]:
-        """The ids of `urls` (given where missing), as an int32 array in their order."""
+        """The ids of `urls` (given where missing), as an int32 array in their order.
+
+        Batches go through the dict in C calls (`map`, `dict.fromkeys`, `update`) rather than a Python
+        step per url: a million new urls took ~4 us each url by url on a loaded machine."""
         out = np.empty(len(urls), dtype=np.int32)
         get = self._ids.get
         for start in range(0, len(urls), _BATCH):
-            batch = urls[start : start + _BATCH]
-            found: list[int | None] = [get(url) for url in batch]
+            batch = list(urls[start : start + _BATCH])
+            found = list(map(get, batch))
             if None in found:
                 with self._lock:
-                    for i, uid in enumerate(found):
-                        if uid is None:  # looked up again: another thread, or this batch, may have added it
-                            known = get(batch[i])
-                            found[i] = self._add(batch[i]) if known is None else known
+                    missing = [url for url, uid in zip(batch, found, strict=True) if uid is None]
+                    # Looked up again under the lock: another thread may have added some meanwhile.
+                    self._add_all([url for url in missing if url not in self._ids])
+                found = list(map(get, batch))
             out[start : start + len(batch)] = found  # type: ignore[assignment]  # no None left
         return out
 
@@ -79,11 +82,16 @@ class UrlTable:
 
     def _add(self, url: str) -> int:
         """Give `url` the next id (the lock is held; `url` has none)."""
-        uid = len(self._ids)
-        if uid >= len(self._urls):
-            grown = np.empty(2 * len(self._urls), dtype=object)
-            grown[:uid] = self._urls[:uid]
+        self._add_all([url])
+        return self._ids[url]
+
+    def _add_all(self, urls: list[str]) -> None:
+        """Give each of `urls` (none has an id; repeats allowed) the next id, in order (the lock is held)."""
+        fresh = list(dict.fromkeys(urls))
+        first = len(self._ids)
+        if first + len(fresh) > len(self._urls):
+            grown = np.empty(max(2 * len(self._urls), first + len(fresh)), dtype=object)
+            grown[:first] = self._urls[:first]
             self._urls = grown  # readers holding the old array only read ids it has
-        self._urls[uid] = url
-        self._ids[url] = uid
-        return uid
+        self._urls[first : first + len(fresh)] = fresh
+        self._ids.update(zip(fresh, range(first, first + len(fresh)), strict=True))
