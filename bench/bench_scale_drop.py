@@ -30,14 +30,13 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 
-import shardcached.indexing
-from shardcached.indexing import PlanIndexer
-from shardcached.planner import Planner
+import shardcached.planning.indexing
+from shardcached.planning import PlanIndexer, Planner
 
 Row = dict[str, float]
 # Trees before `indexing.refiled` settle inside the decision, in one step (the last column alone then).
 Refiled = Callable[[Planner], Coroutine[None, None, None]]
-REFILED: Refiled | None = getattr(shardcached.indexing, "refiled", None)
+REFILED: Refiled | None = getattr(shardcached.planning.indexing, "refiled", None)
 
 
 def cpu_of(work: Callable[[], object]) -> float:

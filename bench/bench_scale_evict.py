@@ -48,7 +48,7 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 
 
 @dataclass

@@ -50,7 +50,7 @@ def _schema() -> dict[str, Any]:
 
     from shardcached.app import create_app
     from shardcached.config import Settings
-    from shardcached.planner import Planner
+    from shardcached.planning import Planner
     from shardcached.store import Store
 
     with tempfile.TemporaryDirectory(prefix="sc-apidoc-") as tmp:

@@ -47,9 +47,8 @@ from shardcached.errors import NotFound
 from shardcached.hotpath import answer_open, answer_release
 from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.planbody import read_plan, read_prefetch, read_shardlist
+from shardcached.planning import ShardLists, read_plan, read_prefetch, read_shardlist
 from shardcached.service import ShardService
-from shardcached.shardlists import ShardLists
 from shardcached.streams import lease_for_stream
 from shardcached.telemetry import ClientTelemetry
 

@@ -23,7 +23,7 @@ from shardcached.fetcher import Fetcher
 from shardcached.hotpath import HotPath
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.service import ShardService
 from shardcached.store import Store
 

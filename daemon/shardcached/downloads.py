@@ -25,7 +25,7 @@ from shardcached.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import cache_key, file_suffix
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.sizing import SizingCheck
 from shardcached.space import Space
 from shardcached.store import Store

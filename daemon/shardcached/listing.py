@@ -14,7 +14,7 @@ import heapq
 from bisect import bisect_right
 
 from shardcache_protocol import ShardInfo, ShardList
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.store import Store
 
 DEFAULT_PAGE = 1_000

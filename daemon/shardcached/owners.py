@@ -25,7 +25,7 @@ from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.peers import PeerWatch
 from shardcached.pins import pid_job
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.store import Store
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from shardcached.errors import DaemonError, NoRoom
 
 if TYPE_CHECKING:
     from shardcached.layout import Entry
-    from shardcached.planner import Planner
+    from shardcached.planning import Planner
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
 from shardcached.dirlock import CacheDirLock
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.store import Store
 
 logger = logging.getLogger(__name__)

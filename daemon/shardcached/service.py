@@ -27,12 +27,11 @@ from shardcached.errors import (
     ShuttingDown,
 )
 from shardcached.fetcher import Fetcher
-from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList, cache_key
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.owners import Owners
-from shardcached.planner import Planner
+from shardcached.planning import PlanIndexer, Planner
 from shardcached.prefetch import Prefetcher
 from shardcached.sizing import SizingCheck
 from shardcached.space import Space

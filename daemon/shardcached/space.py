@@ -25,11 +25,9 @@ import os
 from collections.abc import Callable, Iterator
 
 from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
-from shardcached.indexing import REFILE_CHUNK, refiled
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
-from shardcached.policies import prefetch_victim
+from shardcached.planning import REFILE_CHUNK, Planner, prefetch_victim, refiled
 from shardcached.store import Store
 
 logger = logging.getLogger(__name__)

@@ -16,11 +16,8 @@ from harness.daemon_api import api
 from harness.polling import wait_for
 from harness.shards import ShardSet
 from shardcached.errors import DaemonError, Invalid, NotAllowed, PlanTooLarge
-from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList
-from shardcached.planbody import PlanBody, read_plan, read_prefetch
-from shardcached.planner import Planner
-from shardcached.urltable import UrlTable
+from shardcached.planning import PlanBody, PlanIndexer, Planner, UrlTable, read_plan, read_prefetch
 
 
 def body(planner: Planner, urls: list[str]) -> PlanBody:

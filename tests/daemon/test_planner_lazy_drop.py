@@ -14,8 +14,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcached.indexing import PlanIndexer
-from shardcached.planner import Planner
+from shardcached.planning import PlanIndexer, Planner
 from tests.daemon.test_planner_resident_victim import URLS, World
 
 

@@ -15,8 +15,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcached.planner import Planner
-from shardcached.policies import prefetch_victim
+from shardcached.planning import Planner, prefetch_victim
 
 URLS = [f"s3://b/{i:02d}.tar" for i in range(24)]
 

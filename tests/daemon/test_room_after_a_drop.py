@@ -14,10 +14,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from shardcached.indexing import refiled
 from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
+from shardcached.planning import Planner, refiled
 from shardcached.space import Space
 from shardcached.store import Store
 

@@ -16,10 +16,7 @@ from harness.polling import wait_for
 from harness.shards import ShardSet
 from shardcached.errors import NotAllowed, PlanTooLarge
 from shardcached.keys import AllowList
-from shardcached.planbody import read_shardlist
-from shardcached.plans import PlanArrays
-from shardcached.shardlists import ShardListIds
-from shardcached.urltable import UrlTable
+from shardcached.planning import PlanArrays, ShardListIds, UrlTable, read_shardlist
 
 
 def blob(urls: list[str]) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from shardcached.urltable import UrlTable
+from shardcached.planning import UrlTable
 
 
 def test_a_url_keeps_its_id_and_ids_are_given_densely_in_order_of_first_sight() -> None:

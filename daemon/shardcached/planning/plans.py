@@ -17,7 +17,7 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-from shardcached.urltable import UrlTable
+from shardcached.planning.urltable import UrlTable
 
 # Weight of the newest inter-open interval in the moving average: smooths a slot that stalls once on a
 # miss, yet follows a real change of speed within a few opens.

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from shardcached.orders import distinct
-from shardcached.plans import Plan
+from shardcached.planning.orders import distinct
+from shardcached.planning.plans import Plan
 
 _LOW = (1 << 32) - 1
 Line = tuple[float, float]  # a plan's time line: position p is expected at a + p * b

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardcached.errors import NotFound
-from shardcached.plans import PlanArrays
+from shardcached.planning.plans import PlanArrays
 
 MAX_LISTS = 64  # shard lists kept (4 bytes a url each, 8 more when their urls are distinct)
 

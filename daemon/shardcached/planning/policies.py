@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardcached.urltable import UrlTable
+from shardcached.planning.urltable import UrlTable
 
 
 class Recency:

@@ -13,8 +13,8 @@ the plan is two numpy arrays (plans.PlanArrays) made here, off the loop.
 
 Example:
     >>> from shardcached.keys import AllowList
-from shardcached.plans import PlanArrays
-from shardcached.urltable import UrlTable
+from shardcached.planning.plans import PlanArrays
+from shardcached.planning.urltable import UrlTable
     >>> body = b'{"job": "j", "slot": 0, "epoch": 1, "urls": ["s3://b/x.tar", "s3://b/y.tar"]}'
     >>> plan = read_plan([body], AllowList(["s3://b"]), max_urls=10, table=UrlTable())
     >>> (plan.job, plan.slot, plan.epoch, plan.urls)
@@ -40,9 +40,9 @@ from shardcache_protocol import MAX_PLAN_URLS, PlanRequest, PrefetchRequest
 from shardcache_protocol.models import ShardUrl
 from shardcached.errors import DaemonError, Invalid, PlanTooLarge, validation_detail
 from shardcached.keys import AllowList
-from shardcached.plans import PlanArrays
-from shardcached.shardlists import ShardListIds, ShardLists
-from shardcached.urltable import UrlTable
+from shardcached.planning.plans import PlanArrays
+from shardcached.planning.shardlists import ShardListIds, ShardLists
+from shardcached.planning.urltable import UrlTable
 
 _BATCH = 2_000  # urls validated, canonicalised or hashed per C call (~1-3 ms of GIL each)
 _WS = re.compile(rb"[ \t\n\r]*")

@@ -39,12 +39,12 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from shardcached.nextuse import NextUseIndex
-from shardcached.planindex import Line, PlanIndex
-from shardcached.plans import Plan, PlanArrays
-from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
-from shardcached.registration import PlanRegistry
-from shardcached.urltable import UrlTable
+from shardcached.planning.nextuse import NextUseIndex
+from shardcached.planning.planindex import Line, PlanIndex
+from shardcached.planning.plans import Plan, PlanArrays
+from shardcached.planning.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
+from shardcached.planning.registration import PlanRegistry
+from shardcached.planning.urltable import UrlTable
 
 logger = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from shardcached.orders import MinOrder, PositionSet, distinct
-from shardcached.planindex import Line, PlanIndex
-from shardcached.plans import Plan
-from shardcached.urltable import UrlTable
+from shardcached.planning.orders import MinOrder, PositionSet, distinct
+from shardcached.planning.planindex import Line, PlanIndex
+from shardcached.planning.plans import Plan
+from shardcached.planning.urltable import UrlTable
 
 UNRANKED = 1 << 62  # idle key of a url never used: its store order, below every used url's rank
 

@@ -23,9 +23,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from shardcached.planbody import PlanBody
-from shardcached.planner import Planner
-from shardcached.plans import Plan
+from shardcached.planning.planbody import PlanBody
+from shardcached.planning.planner import Planner
+from shardcached.planning.plans import Plan
 
 logger = logging.getLogger(__name__)
 

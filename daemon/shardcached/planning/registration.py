@@ -28,9 +28,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from shardcached.planindex import PlanIndex
-from shardcached.plans import Chain, Plan, PlanArrays, PlanUrls
-from shardcached.urltable import UrlTable
+from shardcached.planning.planindex import PlanIndex
+from shardcached.planning.plans import Chain, Plan, PlanArrays, PlanUrls
+from shardcached.planning.urltable import UrlTable
 
 logger = logging.getLogger(__name__)
 
