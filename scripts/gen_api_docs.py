@@ -51,7 +51,7 @@ def _schema() -> dict[str, Any]:
     from shardcached.app import create_app
     from shardcached.config import Settings
     from shardcached.planning import Planner
-    from shardcached.store import Store
+    from shardcached.storage import Store
 
     with tempfile.TemporaryDirectory(prefix="sc-apidoc-") as tmp:
         settings = Settings(cache_dir=Path(tmp), capacity="1GiB", socket=str(Path(tmp) / "d.sock"))

@@ -28,10 +28,10 @@ from typing import Any
 import fsspec
 from fsspec.callbacks import Callback
 
-from shardcached.checksums import parse_checksum
 from shardcached.errors import Cancelled, IntegrityError
 from shardcached.filesystems import Filesystems, resumable
 from shardcached.retries import RetryPolicy
+from shardcached.storage import parse_checksum
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,10 @@ import logging
 from collections.abc import Callable
 
 from shardcached.errors import InsufficientCapacity
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.peers import PeerWatch
-from shardcached.pins import pid_job
 from shardcached.planning import Planner
-from shardcached.store import Store
+from shardcached.storage import Entry, Store, pid_job
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,8 @@ from prometheus_client import CollectorRegistry
 from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
-from shardcached.dirlock import CacheDirLock
 from shardcached.planning import Planner
-from shardcached.store import Store
+from shardcached.storage import CacheDirLock, Store
 
 logger = logging.getLogger(__name__)
 

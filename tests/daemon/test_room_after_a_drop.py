@@ -14,11 +14,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planning import Planner, refiled
-from shardcached.space import Space
-from shardcached.store import Store
+from shardcached.storage import Entry, Space, Store
 
 SIZE = 10
 URLS = [f"s3://b/{i:03d}.tar" for i in range(240)]

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Protocol
 
 from shardcached.errors import NotFound
-from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
-from shardcached.pins import UNKNOWN_PEER_JOB, Lease, PinLedger
-from shardcached.recovery import recover_cache_dir
+from shardcached.storage.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
+from shardcached.storage.pins import UNKNOWN_PEER_JOB, Lease, PinLedger
+from shardcached.storage.recovery import recover_cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import os
 from collections.abc import Callable, Iterator
 
 from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.planning import REFILE_CHUNK, Planner, prefetch_victim, refiled
-from shardcached.store import Store
+from shardcached.storage.layout import Entry
+from shardcached.storage.store import Store
 
 logger = logging.getLogger(__name__)
 # How long an open waits for leases alone to give back room before 507 cache_pinned (see `make_room`).

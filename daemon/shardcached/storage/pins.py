@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardcached.layout import Entry
+    from shardcached.storage.layout import Entry
 
 UNKNOWN_PEER_JOB = "unknown peer"
 
