@@ -18,7 +18,7 @@ from shardcached import __version__
 from shardcached.api import build_router, health_answer
 from shardcached.config import Settings
 from shardcached.errors import DaemonError, error_body, validation_detail
-from shardcached.fetcher import Fetcher
+from shardcached.fetching import Fetcher
 from shardcached.hotpath import HotPath
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders

@@ -17,19 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
-from shardcached.downloads import Downloads
 from shardcached.errors import (
     CacheDirMissing,
     InsufficientCapacity,
     NoRoom,
     ShuttingDown,
 )
-from shardcached.fetcher import Fetcher
+from shardcached.fetching import Downloads, Fetcher, Prefetcher
 from shardcached.keys import AllowList, cache_key
 from shardcached.metrics import Metrics
 from shardcached.owners import Owners
 from shardcached.planning import PlanIndexer, Planner
-from shardcached.prefetch import Prefetcher
 from shardcached.storage import CacheDirLock, CacheDirWatch, ChecksumCheck, Entry, SizingCheck, Space, Store
 
 logger = logging.getLogger(__name__)

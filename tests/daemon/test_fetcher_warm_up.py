@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.devservers import S3Server
-from shardcached.fetcher import Fetcher
+from shardcached.fetching import Fetcher
 from tests.daemon.daemon_helpers import Proxy
 
 

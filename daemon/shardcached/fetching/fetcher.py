@@ -29,8 +29,8 @@ import fsspec
 from fsspec.callbacks import Callback
 
 from shardcached.errors import Cancelled, IntegrityError
-from shardcached.filesystems import Filesystems, resumable
-from shardcached.retries import RetryPolicy
+from shardcached.fetching.filesystems import Filesystems, resumable
+from shardcached.fetching.retries import RetryPolicy
 from shardcached.storage import parse_checksum
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardcached.errors import CacheDirMissing, DaemonError, IntegrityError, NoRoom, ShuttingDown
-from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.fetching.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import cache_key, file_suffix
 from shardcached.metrics import Metrics
 from shardcached.planning import Planner
