@@ -19,7 +19,7 @@ def _loaded_after(statement: str) -> set[str]:
 
 
 def test_importing_the_daemon_app_loads_no_pipeline_module_and_no_torch() -> None:
-    loaded = _loaded_after("import shardcached.app, shardcached.server")
+    loaded = _loaded_after("import shardcached.serving.app, shardcached.serving.server")
     assert "shardcache_protocol" in loaded
     assert sorted(loaded & set(PIPELINE)) == []
 

@@ -18,9 +18,9 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance, status_code_conformance
 
 from harness.shards import make_tar_shard
-from shardcached.app import create_app, serving_app
 from shardcached.config import Settings
 from shardcached.planning import Planner
+from shardcached.serving import create_app, serving_app
 from shardcached.storage import Store
 
 EXAMPLES_PER_OPERATION = 150  # 7 operations take inputs (4 take none): over 1,000 requests in all

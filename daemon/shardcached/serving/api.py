@@ -44,13 +44,13 @@ from shardcache_protocol import (
 )
 from shardcached import __version__
 from shardcached.errors import NotFound
-from shardcached.hotpath import answer_open, answer_release
-from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
 from shardcached.peers import PEER_SCOPE_KEY
 from shardcached.planning import ShardLists, read_plan, read_prefetch, read_shardlist
 from shardcached.service import ShardService
-from shardcached.streams import lease_for_stream
-from shardcached.telemetry import ClientTelemetry
+from shardcached.serving.hotpath import answer_open, answer_release
+from shardcached.serving.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
+from shardcached.serving.streams import lease_for_stream
+from shardcached.serving.telemetry import ClientTelemetry
 
 _JSON = "application/json"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")

@@ -24,10 +24,10 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
 from shardcached.planning import Planner
+from shardcached.serving.app import create_app, create_metrics_app, serving_app
 from shardcached.storage import CacheDirLock, Store
 
 logger = logging.getLogger(__name__)
