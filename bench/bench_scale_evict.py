@@ -48,7 +48,10 @@ import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcached.planning import Planner
+try:
+    from shardcached.planning import Planner
+except ImportError:  # a tree before the planning package (--baseline)
+    from shardcached.planner import Planner  # type: ignore[no-redef]
 
 
 @dataclass

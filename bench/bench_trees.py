@@ -65,7 +65,13 @@ def main() -> None:
         for name, tree in (("before", args.before.resolve()), ("after", args.after.resolve())):
             print(f"=== round {round_index}: {name} ({tree})", flush=True)
             print(import_cpu(tree, "shardcache", args.imports))
-            print(import_cpu(tree, "shardcached.serving.app", max(1, args.imports // 2)))
+            # The app module moved into the serving package; older trees have it at the top.
+            app = (
+                "shardcached.serving.app"
+                if (tree / "daemon/shardcached/serving").is_dir()
+                else "shardcached.app"
+            )
+            print(import_cpu(tree, app, max(1, args.imports // 2)))
             for line in (*bench(tree, PIPELINE), *bench(tree, OPEN)):
                 print(line)
             sys.stdout.flush()
