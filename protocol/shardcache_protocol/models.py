@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
@@ -90,12 +90,30 @@ class ReleaseRequest(_Request):
 SHARDLIST_DIGEST = r"^[0-9a-f]{64}$"
 
 
+def _one_plan_form(schema: dict[str, Any]) -> None:
+    """The schema of a plan says what validation accepts: `urls`, or `shardlist` and `positions`, never
+    both forms and never null (pydantic would describe each as optional and nullable)."""
+    properties = schema["properties"]
+    for name in ("urls", "shardlist", "positions"):
+        field = properties[name]
+        options = field.pop("anyOf", [])
+        field.update(next((o for o in options if o.get("type") != "null"), {}))
+        field.pop("default", None)
+    listed = [{"required": ["shardlist"]}, {"required": ["positions"]}]
+    schema["oneOf"] = [
+        {"required": ["urls"], "not": {"anyOf": listed}},
+        {"required": ["shardlist", "positions"], "not": {"required": ["urls"]}},
+    ]
+
+
 class PlanRequest(_Request):
     """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch.
 
     Either `urls`, or `shardlist` and `positions`: the digest of a shard list uploaded with
     `PUT /v1/shardlists/{digest}` and the plan's positions in it, base64 of little-endian int32.
     """
+
+    model_config = ConfigDict(json_schema_extra=_one_plan_form)
 
     job: str = Field(min_length=1, max_length=256)
     slot: int = Field(ge=0)
@@ -109,8 +127,10 @@ class PlanRequest(_Request):
 
     @model_validator(mode="after")
     def _one_form(self) -> PlanRequest:
-        listed = self.shardlist is not None and self.positions is not None
-        if (self.urls is not None) == listed or (not listed and (self.shardlist or self.positions)):
+        given = self.model_fields_set
+        by_urls = "urls" in given and self.urls is not None and not given & {"shardlist", "positions"}
+        listed = self.shardlist is not None and self.positions is not None and "urls" not in given
+        if not (by_urls or listed):
             raise ValueError("give either `urls`, or `shardlist` and `positions`")
         return self
 

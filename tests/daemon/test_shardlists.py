@@ -106,7 +106,8 @@ def test_a_shard_list_whose_body_is_not_its_digest_is_refused_with_422(
     body = blob(local_shards.local_paths)
     with api(daemon) as http:
         answer = http.put(f"/v1/shardlists/{digest_of(b'other')}", content=body)
-    assert answer.status_code == 422 and digest_of(body) in answer.json()["detail"]
+    assert answer.status_code == 409 and answer.json()["error"] == "digest_mismatch"
+    assert digest_of(body) in answer.json()["detail"]
 
 
 def test_a_shard_list_with_a_url_outside_the_allow_list_is_refused_naming_it(

@@ -38,7 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from shardcache_protocol import MAX_PLAN_URLS, PlanRequest, PrefetchRequest
 from shardcache_protocol.models import ShardUrl
-from shardcached.errors import DaemonError, Invalid, PlanTooLarge, validation_detail
+from shardcached.errors import DaemonError, DigestMismatch, Invalid, PlanTooLarge, validation_detail
 from shardcached.keys import AllowList
 from shardcached.planning.plans import PlanArrays
 from shardcached.planning.shardlists import ShardListIds, ShardLists
@@ -112,14 +112,15 @@ def read_shardlist(
     it is UTF-8 urls one per line, each valid and allow-listed; they get their ids in `table`.
 
     Raises:
-        Invalid: 422, the body's digest differs from the one in the path, or it is not UTF-8 lines.
+        DigestMismatch: 409, the body's sha256 differs from the digest in the path.
+        Invalid: 422, the body is not UTF-8 lines.
         PlanTooLarge: 413, more than `max_urls` urls.
         BadRequest, NotAllowed: as `read_plan`.
     """
     body = b"".join(chunks)
     found = hashlib.sha256(body).hexdigest()
     if found != digest:
-        raise Invalid(
+        raise DigestMismatch(
             f"shard list {digest}: the body's sha256 is {found}; send the urls one per line, UTF-8, and "
             f"name the list by their sha256; see docs/api.md"
         )

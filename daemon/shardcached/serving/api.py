@@ -199,7 +199,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     @router.post(
         "/plans",
         response_model=PlanResponse,
-        responses=_errors(400, 403, 413, 422),
+        responses=_errors(400, 403, 404, 413, 422),
         openapi_extra=_json_body(PlanRequest),
     )
     async def add_plan(request: Request) -> PlanResponse:
@@ -226,7 +226,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     @router.put(
         "/shardlists/{digest}",
         response_model=ShardListAccepted,
-        responses=_errors(400, 403, 413, 422),
+        responses=_errors(400, 403, 409, 413, 422),
         openapi_extra={
             "requestBody": {"required": True, "content": {"text/plain": {"schema": {"type": "string"}}}}
         },
@@ -237,8 +237,9 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     ) -> ShardListAccepted:
         """Upload a job's shard list once: its urls one per line (UTF-8, `\\n` between them), named by the
         sha256 of that body. Plans then name positions in it (`POST /v1/plans` with `shardlist`), so each
-        url is read and checked once per list, not once per plan. 422 when the body's sha256 differs
-        from `digest`; 403 naming the first url outside the allow-list; 413 past `--max-plan-urls`."""
+        url is read and checked once per list, not once per plan. 409 `digest_mismatch` when the body's
+        sha256 differs from `digest`; 403 naming the first url outside the allow-list; 413 past
+        `--max-plan-urls`."""
         chunks = [chunk async for chunk in request.stream()]
         listed = await asyncio.to_thread(
             read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table
