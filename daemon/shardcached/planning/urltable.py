@@ -65,9 +65,14 @@ class UrlTable:
             found = list(map(get, batch))
             if None in found:
                 with self._lock:
+                    first = len(self._ids)
+                    if found.count(None) == len(batch) and first == self._add_all(batch):
+                        # All new and distinct (the first sight of a shard list): their ids are a range.
+                        out[start : start + len(batch)] = np.arange(first, first + len(batch))
+                        continue
                     missing = [url for url, uid in zip(batch, found, strict=True) if uid is None]
                     # Looked up again under the lock: another thread may have added some meanwhile.
-                    self._add_all([url for url in missing if url not in self._ids])
+                    self._add_all(missing)
                 found = list(map(get, batch))
             out[start : start + len(batch)] = found  # type: ignore[assignment]  # no None left
         return out
@@ -85,9 +90,10 @@ class UrlTable:
         self._add_all([url])
         return self._ids[url]
 
-    def _add_all(self, urls: list[str]) -> None:
-        """Give each of `urls` (none has an id; repeats allowed) the next id, in order (the lock is held)."""
-        fresh = list(dict.fromkeys(urls))
+    def _add_all(self, urls: list[str]) -> int:
+        """Give each of `urls` that has no id yet (repeats allowed) the next id, in order (the lock is
+        held); the first id given, or -1 when some of `urls` had one or repeated."""
+        fresh = [url for url in dict.fromkeys(urls) if url not in self._ids]
         first = len(self._ids)
         if first + len(fresh) > len(self._urls):
             grown = np.empty(max(2 * len(self._urls), first + len(fresh)), dtype=object)
@@ -95,3 +101,4 @@ class UrlTable:
             self._urls = grown  # readers holding the old array only read ids it has
         self._urls[first : first + len(fresh)] = fresh
         self._ids.update(zip(fresh, range(first, first + len(fresh)), strict=True))
+        return first if len(fresh) == len(urls) else -1
