@@ -54,6 +54,7 @@ class NextUseIndex:
         table: the urls' ids.
         plans: the live plans and which hold each url.
         rank: the recency rank of a url id (larger is more recent; 0 never used).
+        ranks: `rank` of many url ids at once.
         line: a plan's time line now, which picks a url's owner when it is filed (any choice is correct;
             the earliest keeps the walk short).
         by_recency_only: keep every resident url in the recency order (the lru policy): plans are ignored.
@@ -64,6 +65,7 @@ class NextUseIndex:
         table: UrlTable,
         plans: PlanIndex,
         rank: Callable[[int], int],
+        ranks: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]],
         line: Callable[[Plan], Line],
         *,
         by_recency_only: bool = False,
@@ -71,6 +73,7 @@ class NextUseIndex:
         self._table = table
         self._plans = plans
         self._rank = rank
+        self._ranks = ranks
         self._line = line
         self._by_recency_only = by_recency_only
         self._next_seq = 0
@@ -177,9 +180,7 @@ class NextUseIndex:
         idle = slots < 0
         if idle.any():
             now_idle = uids[idle]
-            ranks = np.fromiter(
-                (self._rank(u) for u in now_idle.tolist()), dtype=np.int64, count=len(now_idle)
-            )
+            ranks = self._ranks(now_idle)
             keys = np.where(ranks > 0, ranks, self._seq[now_idle] - UNRANKED)
             self._idle.set_many(now_idle, keys)
         self._idle.discard_many(uids[~idle])

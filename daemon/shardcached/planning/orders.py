@@ -182,9 +182,20 @@ class MinOrder:
         top = int(uids.max())
         if top >= len(self._keys):
             self._grow(top)
-        self._size += int(np.count_nonzero(self._keys[uids] == ABSENT))
+        absent = int(np.count_nonzero(self._keys[uids] == ABSENT))
+        self._size += absent
         self._keys[uids] = keys
-        self._refresh(uids)
+        if absent < len(uids):
+            self._refresh(uids)  # a key may have grown: the blocks' minima are computed again
+            return
+        # Only new members: each block's minimum can only fall, to the least new key in it (one pass over
+        # the new keys; recomputing every block they touch costs the whole array for scattered ids).
+        blocks = uids // BLOCK
+        order = np.argsort(blocks, kind="stable")
+        blocks, ordered = blocks[order], keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], blocks[1:] != blocks[:-1])))
+        touched = blocks[starts]
+        self._mins[touched] = np.minimum(self._mins[touched], np.minimum.reduceat(ordered, starts))
 
     def discard_many(self, uids: npt.NDArray[np.int64]) -> None:
         uids = uids[uids < len(self._keys)]

@@ -90,7 +90,12 @@ class Planner:
         self._uses = PlanIndex()
         # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
         self._index = NextUseIndex(
-            self.table, self._uses, self._recency.rank_of, self._line_now, by_recency_only=policy == "lru"
+            self.table,
+            self._uses,
+            self._recency.rank_of,
+            self._recency.ranks_of,
+            self._line_now,
+            by_recency_only=policy == "lru",
         )
         self._registry = PlanRegistry(stale_after_s, clock, self.table, self._uses, self._index)
 

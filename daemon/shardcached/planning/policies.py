@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from shardcached.planning.urltable import UrlTable
 
@@ -51,6 +52,11 @@ class Recency:
     def rank_of(self, uid: int) -> int:
         """`rank` of a url id."""
         return int(self._last[uid]) if uid < len(self._last) else 0
+
+    def ranks_of(self, uids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """`rank` of many url ids at once."""
+        inside = uids < len(self._last)
+        return np.where(inside, self._last[np.where(inside, uids, 0)], 0)
 
 
 def least_recent(pool: Sequence[str], recency: Recency) -> str:
