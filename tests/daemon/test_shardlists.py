@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -58,6 +59,28 @@ def test_a_plan_over_an_uploaded_shard_list_prefetches_the_shards_at_its_positio
         )
         resident = {shard["url"] for shard in http.get("/v1/shards").json()["shards"]}
     assert resident == {urls[3], urls[1]}
+
+
+def test_concurrent_uploads_of_one_shard_list_all_succeed(daemon_factory, local_shards: ShardSet):
+    daemon = daemon_factory(allow=[str(local_shards.local_dir)], extra_args=["--prefetch-depth", "0"])
+    body = blob(
+        [*local_shards.local_paths, *(f"{local_shards.local_dir}/more-{i}.tar" for i in range(50_000))]
+    )
+    answers: list[int] = []
+
+    def upload() -> None:
+        with api(daemon) as http:
+            answers.append(http.put(f"/v1/shardlists/{digest_of(body)}", content=body).status_code)
+
+    threads = [threading.Thread(target=upload) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [200] * 4
+    plan = {"job": "j", "slot": 0, "epoch": 0, "shardlist": digest_of(body), "positions": positions([50_003])}
+    with api(daemon) as http:
+        assert http.post("/v1/plans", json=plan).status_code == 200
 
 
 def test_the_same_positions_registered_again_are_the_same_plan(daemon_factory, local_shards: ShardSet):

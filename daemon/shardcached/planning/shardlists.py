@@ -74,6 +74,11 @@ class ShardLists:
             while len(self._lists) > self.max_lists:
                 self._lists.popitem(last=False)
 
+    def find(self, digest: str) -> ShardListIds | None:
+        """The list named `digest`, or None."""
+        with self._lock:
+            return self._lists.get(digest)
+
     def get(self, digest: str) -> ShardListIds:
         """The list named `digest`.
 

@@ -43,9 +43,9 @@ from shardcache_protocol import (
     TelemetrySummary,
 )
 from shardcached import __version__
-from shardcached.errors import NotFound
+from shardcached.errors import DaemonError, NotFound
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.planning import ShardLists, read_plan, read_prefetch, read_shardlist
+from shardcached.planning import ShardListIds, ShardLists, read_plan, read_prefetch, read_shardlist
 from shardcached.service import ShardService
 from shardcached.serving.hotpath import answer_open, answer_release
 from shardcached.serving.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
@@ -127,6 +127,7 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     store = service.store
     listing = ShardListing(store, planner)
     shardlists = ShardLists()
+    uploads: dict[str, asyncio.Future[ShardListIds]] = {}  # shard lists being read, by digest
     telemetry = ClientTelemetry(service.metrics.registry)
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
@@ -240,11 +241,24 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         url is read and checked once per list, not once per plan. 409 `digest_mismatch` when the body's
         sha256 differs from `digest`; 403 naming the first url outside the allow-list; 413 past
         `--max-plan-urls`."""
-        chunks = [chunk async for chunk in request.stream()]
-        listed = await asyncio.to_thread(
-            read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table
-        )
-        shardlists.put(listed)
+        # Every reader process of a job may upload its list at once, on its first plan: the list is read
+        # and checked once, the others wait for that reading (or take the list held already).
+        listed = shardlists.find(digest)
+        if listed is None and digest in uploads:
+            with contextlib.suppress(DaemonError):  # that upload's body was refused; this one is read itself
+                listed = await asyncio.shield(uploads[digest])
+        if listed is None:
+            chunks = [chunk async for chunk in request.stream()]
+            reading = asyncio.ensure_future(
+                asyncio.to_thread(read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table)
+            )
+            uploads.setdefault(digest, reading)
+            try:
+                listed = await reading
+            finally:
+                if uploads.get(digest) is reading:
+                    del uploads[digest]
+            shardlists.put(listed)
         return ShardListAccepted(shardlist=digest, urls=len(listed.ids))
 
     @router.get("/plans")
