@@ -242,13 +242,14 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         sha256 differs from `digest`; 403 naming the first url outside the allow-list; 413 past
         `--max-plan-urls`."""
         # Every reader process of a job may upload its list at once, on its first plan: the list is read
-        # and checked once, the others wait for that reading (or take the list held already).
+        # and checked once, the others wait for that reading (or take the list held already). The body is
+        # received whole in any case, so the connection stays usable for the client's next request.
+        chunks = [chunk async for chunk in request.stream()]
         listed = shardlists.find(digest)
         if listed is None and digest in uploads:
             with contextlib.suppress(DaemonError):  # that upload's body was refused; this one is read itself
                 listed = await asyncio.shield(uploads[digest])
         if listed is None:
-            chunks = [chunk async for chunk in request.stream()]
             reading = asyncio.ensure_future(
                 asyncio.to_thread(read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table)
             )
