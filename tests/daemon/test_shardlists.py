@@ -17,7 +17,7 @@ from harness.polling import wait_for
 from harness.shards import ShardSet
 from shardcached.errors import NotAllowed, PlanTooLarge
 from shardcached.keys import AllowList
-from shardcached.planning import PlanArrays, ShardListIds, UrlTable, read_shardlist
+from shardcached.planning import PlanArrays, ShardListIds, ShardLists, UrlTable, read_shardlist
 
 
 def blob(urls: list[str]) -> bytes:
@@ -199,3 +199,14 @@ def test_a_plan_over_a_shard_list_has_the_arrays_of_its_ids(
     expected = PlanArrays.of(np.asarray([ids[p] for p in chosen], dtype=np.int32))
     assert plan.ids.tolist() == expected.ids.tolist()
     assert plan.pairs.tolist() == expected.pairs.tolist()
+
+
+def test_the_least_recently_used_shard_lists_go_past_the_bound_on_their_urls() -> None:
+    lists = ShardLists(max_urls=5)
+    for name, length in (("a", 2), ("b", 2), ("c", 2)):
+        lists.put(ShardListIds.of(name, np.arange(length, dtype=np.int32)))
+        if name == "b":
+            lists.get("a")  # used: "b" is now the least recent
+    assert lists.find("a") is not None and lists.find("c") is not None and lists.find("b") is None
+    lists.put(ShardListIds.of("huge", np.arange(10, dtype=np.int32)))
+    assert lists.find("huge") is not None and lists.find("a") is None  # the newest stays, alone

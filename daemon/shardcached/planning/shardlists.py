@@ -4,8 +4,9 @@ A plan over a shard list names positions in it instead of urls: the urls are rea
 allow-list and given ids once per list (planbody.read_shardlist), and every epoch's plan of every slot of
 the job reuses them. A list keeps its url ids and, when they are distinct, each position's rank among them,
 so a plan's sorted pairs (plans.PlanArrays) come from one scatter over the list's length instead of a sort
-(a 10^6-url plan in ~10 ms). The daemon keeps the `max_lists` lists used last; a plan naming one it no
-longer has is answered 404 `unknown_shardlist`, and the client uploads it again.
+(a 10^6-url plan in ~10 ms). The daemon keeps the lists used last, up to `max_urls` urls in all (12 bytes
+a url: 48 MB by default); a plan naming one it no longer has is answered 404 `unknown_shardlist`, and the
+client uploads it again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy.typing as npt
 from shardcached.errors import NotFound
 from shardcached.planning.plans import PlanArrays
 
-MAX_LISTS = 64  # shard lists kept (4 bytes a url each, 8 more when their urls are distinct)
+MAX_URLS = 4_000_000  # urls in the shard lists kept, all lists together (4 bytes a url, 8 more if distinct)
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,9 +60,10 @@ class ShardListIds:
 class ShardLists:
     """The shard lists the daemon holds, by digest, the last used kept (thread-safe)."""
 
-    def __init__(self, max_lists: int = MAX_LISTS) -> None:
-        self.max_lists = max_lists
+    def __init__(self, max_urls: int = MAX_URLS) -> None:
+        self.max_urls = max_urls
         self._lists: OrderedDict[str, ShardListIds] = OrderedDict()
+        self._urls = 0
         self._lock = threading.Lock()
 
     def __contains__(self, digest: str) -> bool:
@@ -69,10 +71,13 @@ class ShardLists:
 
     def put(self, listed: ShardListIds) -> None:
         with self._lock:
+            known = self._lists.pop(listed.digest, None)
+            self._urls -= 0 if known is None else len(known.ids)
             self._lists[listed.digest] = listed
-            self._lists.move_to_end(listed.digest)
-            while len(self._lists) > self.max_lists:
-                self._lists.popitem(last=False)
+            self._urls += len(listed.ids)
+            while self._urls > self.max_urls and len(self._lists) > 1:  # the newest is always kept
+                _, dropped = self._lists.popitem(last=False)
+                self._urls -= len(dropped.ids)
 
     def find(self, digest: str) -> ShardListIds | None:
         """The list named `digest`, or None."""
