@@ -122,7 +122,7 @@ def test_a_plan_naming_a_shard_list_the_daemon_does_not_hold_is_404_unknown_shar
     assert f"PUT /v1/shardlists/{digest}" in answer.json()["detail"]
 
 
-def test_a_shard_list_whose_body_is_not_its_digest_is_refused_with_422(
+def test_a_shard_list_whose_body_is_not_its_digest_is_refused_with_409(
     daemon_factory, local_shards: ShardSet
 ):
     daemon = daemon_factory(allow=[str(local_shards.local_dir)])
