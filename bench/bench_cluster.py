@@ -2,7 +2,7 @@
 
 No servers: the reading orders come from the client's own partitioning code
 (`sources.deal.partition.plan_epoch` with the real `Layout` and `Partitioning`), and every node's cache
-decisions from the daemon's own planner (`shardcached.planner.Planner`, policy "belady" or its "lru"
+decisions from the daemon's own planner (`shardcached.planning.planner.Planner`, policy "belady" or its "lru"
 baseline), one planner and one simulated cache per node, so any number of nodes fits on one machine.
 
 Per node: `ranks` data-parallel ranks x `workers` DataLoader workers = slots. When an epoch starts, every slot
@@ -47,7 +47,7 @@ from shardcache.sources.deal.partition import (
     plan_epoch,
     weights_of,
 )
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 
 SAMPLE_BYTES = 10_000  # bytes per sample: shards of ~1 MB; only ratios are reported
 

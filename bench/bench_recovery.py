@@ -39,7 +39,7 @@ import psutil
 
 from harness.devservers import free_tcp_port, stop_process
 from shardcached.keys import cache_key, file_suffix
-from shardcached.layout import META_SUFFIX, Entry
+from shardcached.storage.layout import META_SUFFIX, Entry
 
 BUCKET = "s3://bench-recovery"
 BASELINE = 1000

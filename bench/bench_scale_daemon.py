@@ -6,6 +6,9 @@ only canonicalises, allow-lists and indexes them) while a probe process loops on
 `GET /v1/health` and a warm open + release of a resident local shard. The probes run from the registration
 until 2 s after its answer (the background indexing), then through the deletion and 2 s after it. Printed
 per n: the registration and deletion answer times, and p99 / worst of the probes; then the ratios 1M/1k.
+A daemon that takes shard lists (`PUT /v1/shardlists/{digest}`) then gets the same n urls as a shard list
+(the upload's answer time), and two plans over it, each answered once the list is cached: epoch 0 reading
+it in order and epoch 1 a shuffle of it (the probes go on meanwhile).
 With `--baseline DIR` (a checkout of main: `git worktree add --detach /tmp/scale-base main`) the same runs
 against that tree's daemon, in the same run, and the ratios this/baseline are printed.
 
@@ -24,6 +27,8 @@ uvloop (uvloop's callbacks run in C, out of reach); the daemon's own steps are t
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import multiprocessing
 import os
@@ -130,6 +135,9 @@ def run_one(n: int, tree: Path | None, work: Path, trace: bool = True) -> dict[s
             http.delete(f"/v1/plans/{plan}").raise_for_status()
             delete_s = time.perf_counter() - started
             time.sleep(2.0)
+            listed = register_listed(http, urls)
+            if listed:
+                time.sleep(2.0)
             stop.set()
             health, opens = out.get(timeout=600)
             prober.join()
@@ -140,6 +148,7 @@ def run_one(n: int, tree: Path | None, work: Path, trace: bool = True) -> dict[s
     phases = {"register": (register_at, delete_at), "delete": (delete_at, end_at)}
     return {
         "loop": loop_steps(trace_path, phases) if trace else {},
+        **listed,
         "register_s": register_s,
         "delete_s": delete_s,
         "health_p99_ms": float(np.percentile(health, 99)) * 1e3,
@@ -148,6 +157,28 @@ def run_one(n: int, tree: Path | None, work: Path, trace: bool = True) -> dict[s
         "open_max_ms": max(opens) * 1e3,
         "probes": len(health),
     }
+
+
+def register_listed(http: httpx.Client, urls: list[str]) -> dict[str, float]:
+    """Upload `urls` as a shard list and register two plans over it (see the module); their answer times,
+    or nothing from a daemon without shard lists."""
+    blob = "\n".join(urls).encode()
+    digest = hashlib.sha256(blob).hexdigest()
+    started = time.perf_counter()
+    put = http.put(f"/v1/shardlists/{digest}", content=blob)
+    put_s = time.perf_counter() - started
+    if put.status_code in (404, 405):
+        return {}
+    put.raise_for_status()
+    times = {"list_put_s": put_s}
+    orders = {0: np.arange(len(urls)), 1: np.random.default_rng(0).permutation(len(urls))}
+    for epoch, order in orders.items():
+        positions = base64.b64encode(order.astype("<i4").tobytes()).decode()
+        body = {"job": "bench", "slot": 1, "epoch": epoch, "shardlist": digest, "positions": positions}
+        started = time.perf_counter()
+        http.post("/v1/plans", json=body).raise_for_status()
+        times[f"list_plan{epoch}_s"] = time.perf_counter() - started
+    return times
 
 
 def show(label: str, results: dict[int, dict[str, Any]]) -> None:
@@ -162,6 +193,13 @@ def show(label: str, results: dict[int, dict[str, Any]]) -> None:
             f"{r['health_max_ms']:>9.1f}ms {r['open_p99_ms']:>7.1f}ms {r['open_max_ms']:>7.1f}ms "
             f"{int(r['probes']):>7}"
         )
+    if any("list_put_s" in r for r in results.values()):
+        print(
+            f"{'urls':>9} {'list PUT s':>11} {'plan s':>9} {'shuffled s':>11}   (plans over the cached list)"
+        )
+        for n, r in results.items():
+            if "list_put_s" in r:
+                print(f"{n:>9} {r['list_put_s']:>11.3f} {r['list_plan0_s']:>9.3f} {r['list_plan1_s']:>11.3f}")
     first, last = min(results), max(results)
     if last > first:
         a, b = results[first], results[last]

@@ -30,14 +30,19 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 
-import shardcached.indexing
-from shardcached.indexing import PlanIndexer
-from shardcached.planner import Planner
+try:
+    from shardcached.planning import Planner, indexing
+except ImportError:  # a tree before the planning package (--baseline)
+    from shardcached.planner import Planner  # type: ignore[no-redef]
+
+    from shardcached import indexing  # type: ignore[attr-defined,no-redef]
+
+PlanIndexer = indexing.PlanIndexer
 
 Row = dict[str, float]
 # Trees before `indexing.refiled` settle inside the decision, in one step (the last column alone then).
 Refiled = Callable[[Planner], Coroutine[None, None, None]]
-REFILED: Refiled | None = getattr(shardcached.indexing, "refiled", None)
+REFILED: Refiled | None = getattr(indexing, "refiled", None)
 
 
 def cpu_of(work: Callable[[], object]) -> float:

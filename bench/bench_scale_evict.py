@@ -20,20 +20,38 @@ Both must choose the same victim (checked). `--epoch-start` puts every cursor at
 shard is still ahead in the current epoch and planned again in the next (the case that made the first
 version's threshold walk, over every chain's full order, meet every next-epoch entry).
 
+`--memory` measures instead, per (R, P), each in a fresh subprocess (this tree's daemon package, and with
+`--baseline TREE` that tree's, alternating): the peak RSS of the process that built the scenario (its own
+url strings and lists included: they are the strings a daemon's table would hold), the planner's share of
+the traced allocations (tracemalloc, by file, with `--breakdown`), the objects the garbage collector
+tracks, and the longest of five full collections once the benchmark's own lists are gone (what the
+planner's state costs a collection).
+
     .venv/bin/python -m bench.bench_scale_evict                       # 10^3, 10^4, 10^5 shards
     timeout 3000 .venv/bin/python -m bench.bench_scale_evict --sizes 1000 1000000
+    .venv/bin/python -m bench.bench_scale_evict --memory --sizes 1000 1000000 --plans 64 --baseline /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
 import random
+import resource
 import statistics
+import subprocess
+import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcached.planner import Planner
+try:
+    from shardcached.planning import Planner
+except ImportError:  # a tree before the planning package (--baseline)
+    from shardcached.planner import Planner  # type: ignore[no-redef]
 
 
 @dataclass
@@ -129,6 +147,81 @@ def measure(resident: int, plans: int, progress: float, decisions: int, old_repe
     )
 
 
+def memory(resident: int, plans: int, progress: float, seed: int, breakdown: bool) -> dict[str, object]:
+    """The scenario's state built here: peak RSS, traced bytes by file, tracked objects, full collections."""
+    if breakdown:
+        tracemalloc.start()
+    planner, store_order, step = build(resident, plans, progress, seed, with_residents=True)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    by_file: dict[str, float] = {}
+    if breakdown:
+        snapshot = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        for stat in snapshot.statistics("filename")[:12]:
+            name = stat.traceback[0].filename
+            by_file[name.split("site-packages/")[-1].split("/daemon/")[-1]] = stat.size / 1e6
+        del snapshot
+    del store_order, step  # the benchmark's own lists of urls: a daemon holds none of them
+    gc.collect()
+    collections = []
+    for _ in range(5):
+        started = time.perf_counter()
+        gc.collect()
+        collections.append(time.perf_counter() - started)
+    assert planner.plan_count == plans
+    return {
+        "peak_mb": peak_mb,
+        "tracked": len(gc.get_objects()),
+        "gc_ms": max(collections) * 1e3,
+        "gc_median_ms": statistics.median(collections) * 1e3,
+        "by_file": by_file,
+    }
+
+
+def memory_on(
+    tree: str, resident: int, plans: int, progress: float, seed: int, breakdown: bool
+) -> dict[str, object]:
+    """`memory` in a subprocess whose daemon package is `tree`'s."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([f"{tree}/daemon", f"{tree}/protocol", os.getcwd()])
+    argv = ["--sizes", str(resident), "--plans", str(plans), "--progress", str(progress), "--seed", str(seed)]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_scale_evict",
+            "--memory-json",
+            *argv,
+            *(["--breakdown"] if breakdown else []),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    row: dict[str, object] = json.loads(out.stdout)
+    return row
+
+
+def main_memory(args: argparse.Namespace, progress: float) -> None:
+    trees = [("this", os.getcwd())] + ([("base", args.baseline)] if args.baseline else [])
+    header = ("tree", "resident", "plans", "peak RSS MB", "tracked", "full gc ms", "median")
+    print("{:<5} {:>9} {:>5} {:>11} {:>9} {:>10} {:>7}".format(*header))
+    for resident in args.sizes:
+        for plans in args.plans:
+            for name, tree in trees:
+                row = memory_on(tree, resident, plans, progress, args.seed, args.breakdown)
+                print(
+                    f"{name:<5} {resident:>9} {plans:>5} {row['peak_mb']:>11.1f} {row['tracked']:>9}"
+                    f" {row['gc_ms']:>10.2f} {row['gc_median_ms']:>7.2f}",
+                    flush=True,
+                )
+                by_file = row["by_file"]
+                assert isinstance(by_file, dict)
+                for file, megabytes in by_file.items():
+                    print(f"      {megabytes:>9.1f} MB traced in {file}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_scale_evict", description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -140,8 +233,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decisions", type=int, default=200)
     parser.add_argument("--old-repeats", type=int, default=3, help="scans timed (one above 10^5 shards)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory", action="store_true", help="peak RSS and collections instead (see above)")
+    parser.add_argument("--breakdown", action="store_true", help="with --memory: traced bytes by file")
+    parser.add_argument("--baseline", metavar="TREE", help="with --memory: a checkout to measure too")
+    parser.add_argument("--memory-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     progress = 0.0 if args.epoch_start else args.progress
+    if args.memory_json:
+        print(json.dumps(memory(args.sizes[0], args.plans[0], progress, args.seed, args.breakdown)))
+        return
+    if args.memory:
+        main_memory(args, progress)
+        return
     rows = []
     header = ("resident", "plans", "new ms", "old ms", "new/old", "open us", "open before")
     print("{:>9} {:>5} {:>9} {:>10} {:>9} {:>8} {:>11}".format(*header))

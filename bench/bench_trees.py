@@ -1,7 +1,7 @@
 """Before and after a change: the same measurements on two checkouts, interleaved, in one session.
 
 For refactors that must not make anything slower (docs/benchmarks.md, "Client layers"). Each round runs,
-in each tree with PYTHONPATH pointing at it: `import shardcache` and `import shardcached.app` in fresh
+in each tree with PYTHONPATH pointing at it: `import shardcache` and `import shardcached.serving.app` in fresh
 interpreters (CPU from getrusage of the children), the pipeline benchmark (ratios against tarfile and
 WebDataset measured in the same run) and the open latency benchmark. Interleaving (before, after, before,
 after, ...) spreads the machine's load over both.
@@ -65,7 +65,13 @@ def main() -> None:
         for name, tree in (("before", args.before.resolve()), ("after", args.after.resolve())):
             print(f"=== round {round_index}: {name} ({tree})", flush=True)
             print(import_cpu(tree, "shardcache", args.imports))
-            print(import_cpu(tree, "shardcached.app", max(1, args.imports // 2)))
+            # The app module moved into the serving package; older trees have it at the top.
+            app = (
+                "shardcached.serving.app"
+                if (tree / "daemon/shardcached/serving").is_dir()
+                else "shardcached.app"
+            )
+            print(import_cpu(tree, app, max(1, args.imports // 2)))
             for line in (*bench(tree, PIPELINE), *bench(tree, OPEN)):
                 print(line)
             sys.stdout.flush()

@@ -137,7 +137,7 @@ HEADS = textwrap.dedent(
     """
     import statistics, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
-    from shardcached.fetcher import Fetcher
+    from shardcached.fetching.fetcher import Fetcher
     from shardcached.versions import RemoteVersions
 
     urls = sys.stdin.read().split()

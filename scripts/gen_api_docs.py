@@ -3,8 +3,9 @@
     python scripts/gen_api_docs.py            # rewrite docs/api.md
     python scripts/gen_api_docs.py --check    # exit 1 if the committed file differs
 
-The schema is the one the daemon serves at `GET /openapi.json` (the FastAPI app of `shardcached.app`, built
-on a throw-away cache directory); the error codes come from `shardcache_protocol.ERROR_CODES`.
+The schema is the one the daemon serves at `GET /openapi.json` (the FastAPI app of
+`shardcached.serving.app`, built on a throw-away cache directory); the error codes come from
+`shardcache_protocol.ERROR_CODES`.
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ and opens again.
 def _schema() -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
-    from shardcached.app import create_app
     from shardcached.config import Settings
-    from shardcached.planner import Planner
-    from shardcached.store import Store
+    from shardcached.planning import Planner
+    from shardcached.serving import create_app
+    from shardcached.storage import Store
 
     with tempfile.TemporaryDirectory(prefix="sc-apidoc-") as tmp:
         settings = Settings(cache_dir=Path(tmp), capacity="1GiB", socket=str(Path(tmp) / "d.sock"))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import braceexpand
 import fsspec
+import numpy as np
+import numpy.typing as npt
 
 from shardcache.errors import ConfigError
 from shardcache.extras import filesystem_extra
@@ -57,9 +60,57 @@ class ShardTuple(tuple[ShardRef, ...]):
             blob = self.__dict__["_urls_blob"] = "\n".join([ref.url for ref in self]).encode()
         return blob
 
+    @property
+    def urls_digest(self) -> str:
+        """The sha256 of `urls_blob`, in hex: the shard list's name on the daemon (`PUT /v1/shardlists`);
+        computed at the first use and kept."""
+        digest: str | None = self.__dict__.get("_urls_digest")
+        if digest is None:
+            digest = self.__dict__["_urls_digest"] = hashlib.sha256(self.urls_blob).hexdigest()
+        return digest
+
     def __reduce__(self) -> tuple[type[ShardTuple], tuple[tuple[ShardRef, ...]]]:
         # Pickled (spawn and forkserver workers) as its refs only: the buffer is made again over there.
         return (ShardTuple, (tuple(self),))
+
+
+class ListedUrls(Sequence[str]):
+    """Urls given as positions in a `ShardTuple`: a plan as the daemon takes it in its compact form (the
+    shard list uploaded once, then int32 positions), and a sequence of urls for everything else."""
+
+    __slots__ = ("shards", "positions")
+
+    def __init__(self, shards: ShardTuple, positions: npt.NDArray[np.int32]) -> None:
+        self.shards = shards
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> ListedUrls: ...
+
+    def __getitem__(self, index: int | slice) -> str | ListedUrls:
+        if isinstance(index, slice):
+            return ListedUrls(self.shards, self.positions[index])
+        return self.shards[int(self.positions[index])].url
+
+    def __iter__(self) -> Iterator[str]:
+        shards = self.shards
+        return (shards[i].url for i in self.positions.tolist())
+
+    def without_repeats(self) -> ListedUrls:
+        """The same urls with each run of one position kept once."""
+        positions = self.positions
+        if len(positions) < 2:
+            return self
+        keep = np.empty(len(positions), dtype=np.bool_)
+        keep[0] = True
+        np.not_equal(positions[1:], positions[:-1], out=keep[1:])
+        return ListedUrls(self.shards, positions[keep])
 
 
 def urls_blob(shards: Sequence[ShardRef]) -> bytes:

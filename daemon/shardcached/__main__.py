@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("shardcached").info("settings: %s", describe_sources(settings, layers))
     import uvloop
 
-    from shardcached.server import serve
+    from shardcached.serving import serve
 
     # A development knob for the benchmarks, not a setting: cProfile the whole daemon, stats dumped at exit.
     profile_path = os.environ.get("SHARDCACHED_PROFILE")

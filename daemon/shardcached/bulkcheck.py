@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcached.errors import DaemonError
-from shardcached.fetcher import RemoteInfo
+from shardcached.fetching.fetcher import RemoteInfo
 from shardcached.keys import AllowList
-from shardcached.layout import Entry
-from shardcached.store import Store
+from shardcached.storage.layout import Entry
+from shardcached.storage.store import Store
 from shardcached.versions import PAGE, Page, RemoteVersions, directory, listed
 
 logger = logging.getLogger(__name__)

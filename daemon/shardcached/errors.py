@@ -4,6 +4,7 @@ DaemonError                      root; `status` and `code` are what the single e
 ├── BadRequest           400     malformed URL, unknown checksum algorithm, bad Range
 ├── NotAllowed           403     the URL is outside the allow-list (after canonicalisation)
 ├── NotFound             404     the remote object, the lease or the resident shard does not exist
+├── DigestMismatch       409     an uploaded shard list's body does not hash to the digest it names
 ├── PlanTooLarge         413     a plan names more urls than `--max-plan-urls`
 ├── Invalid              422     a body the daemon parses itself (a plan's) does not match the schema
 ├── RemoteError          502     the remote failed after retries, refused access, or sent other bytes
@@ -53,6 +54,11 @@ class NotAllowed(DaemonError):
 class NotFound(DaemonError):
     status = 404
     code = "not_found"
+
+
+class DigestMismatch(DaemonError):
+    status = 409
+    code = "digest_mismatch"
 
 
 class PlanTooLarge(DaemonError):

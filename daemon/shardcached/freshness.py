@@ -43,15 +43,15 @@ from dataclasses import dataclass, field
 
 from shardcached.bulkcheck import BulkCheck, Chunk, smoothed
 from shardcached.errors import NotFound
-from shardcached.fetcher import RemoteInfo
+from shardcached.fetching.fetcher import RemoteInfo
 from shardcached.keys import AllowList
-from shardcached.layout import NEVER_VALIDATED, Entry
 from shardcached.metrics import Metrics
 from shardcached.owners import PLAN_ORPHAN_GRACE_S
-from shardcached.planner import Planner
-from shardcached.plans import Plan
-from shardcached.space import Space
-from shardcached.store import Store
+from shardcached.planning.planner import Planner
+from shardcached.planning.plans import Plan
+from shardcached.storage.layout import NEVER_VALIDATED, Entry
+from shardcached.storage.space import Space
+from shardcached.storage.store import Store
 from shardcached.versions import RemoteVersions
 
 logger = logging.getLogger(__name__)

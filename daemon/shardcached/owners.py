@@ -25,13 +25,12 @@ import logging
 from collections.abc import Callable
 
 from shardcached.errors import InsufficientCapacity
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.peers import PeerWatch
-from shardcached.pins import pid_holder, pid_job
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.sessions import Session, Sessions
-from shardcached.store import Store
+from shardcached.storage import Entry, Store
+from shardcached.storage.pins import pid_holder, pid_job
 
 logger = logging.getLogger(__name__)
 

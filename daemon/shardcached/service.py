@@ -18,28 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardcache_protocol import OpenGrant
-from shardcached.cachedir import CacheDirWatch
-from shardcached.dirlock import CacheDirLock
-from shardcached.downloads import Downloads
 from shardcached.errors import (
     CacheDirMissing,
     InsufficientCapacity,
     NoRoom,
     ShuttingDown,
 )
-from shardcached.fetcher import Fetcher
+from shardcached.fetching import Downloads, Fetcher, Prefetcher
 from shardcached.freshness import Freshness
-from shardcached.indexing import PlanIndexer
 from shardcached.keys import AllowList, cache_key
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
 from shardcached.owners import Owners
-from shardcached.planner import Planner
-from shardcached.prefetch import Prefetcher
-from shardcached.sizing import SizingCheck
-from shardcached.space import Space
-from shardcached.store import Store
-from shardcached.verify import ChecksumCheck
+from shardcached.planning import PlanIndexer, Planner
+from shardcached.storage import CacheDirLock, CacheDirWatch, ChecksumCheck, Entry, SizingCheck, Space, Store
 from shardcached.versions import RemoteVersions
 
 logger = logging.getLogger(__name__)

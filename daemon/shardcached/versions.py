@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcached.errors import NotFound
-from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.fetching.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import is_local
 
 LISTED_SCHEMES = ("s3", "s3a")  # remotes whose listings give every object's version

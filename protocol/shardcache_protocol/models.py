@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 API_PREFIX = "/v1"
 # A shard URL is at most this long; bounded so a hostile request cannot make the daemon hash megabytes.
@@ -96,14 +96,44 @@ class ReleaseRequest(_Request):
     lease: str = Field(min_length=1, max_length=128)
 
 
+# A shard list's name on the wire: the sha256 of its body, in lower-case hex.
+SHARDLIST_DIGEST = r"^[0-9a-f]{64}$"
+
+
+def _one_plan_form(schema: dict[str, Any]) -> None:
+    """The schema of a plan says what validation accepts: `urls`, or `shardlist` and `positions`, never
+    both forms and never null (pydantic would describe each as optional and nullable)."""
+    properties = schema["properties"]
+    for name in ("urls", "shardlist", "positions"):
+        field = properties[name]
+        options = field.pop("anyOf", [])
+        field.update(next((o for o in options if o.get("type") != "null"), {}))
+        field.pop("default", None)
+    listed = [{"required": ["shardlist"]}, {"required": ["positions"]}]
+    schema["oneOf"] = [
+        {"required": ["urls"], "not": {"anyOf": listed}},
+        {"required": ["shardlist", "positions"], "not": {"required": ["urls"]}},
+    ]
+
+
 class PlanRequest(_Request):
-    """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch."""
+    """`POST /v1/plans`: the ordered shards one slot of a job reads in one epoch.
+
+    Either `urls`, or `shardlist` and `positions`: the digest of a shard list uploaded with
+    `PUT /v1/shardlists/{digest}` and the plan's positions in it, base64 of little-endian int32.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_one_plan_form)
 
     job: str = Field(min_length=1, max_length=256)
     slot: int = Field(ge=0)
     epoch: int = Field(ge=0)
     # Bounded by the daemon's `--max-plan-urls` (413 plan_too_large beyond), not by the schema.
-    urls: list[ShardUrl]
+    urls: list[ShardUrl] | None = None
+    shardlist: str | None = Field(default=None, pattern=SHARDLIST_DIGEST, description="a shard list's digest")
+    positions: str | None = Field(
+        default=None, description="base64 of the plan's positions in the shard list, int32 little-endian"
+    )
     session: SessionId | None = Field(
         default=None, description="the session (`POST /v1/sessions`) that holds the plan; it ends with it"
     )
@@ -114,6 +144,22 @@ class PlanRequest(_Request):
         description="the shards are never rewritten in place: the daemon serves its cached copies to this "
         "plan without checking them against the remote",
     )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> PlanRequest:
+        given = self.model_fields_set
+        by_urls = "urls" in given and self.urls is not None and not given & {"shardlist", "positions"}
+        listed = self.shardlist is not None and self.positions is not None and "urls" not in given
+        if not (by_urls or listed):
+            raise ValueError("give either `urls`, or `shardlist` and `positions`")
+        return self
+
+
+class ShardListAccepted(_Answer):
+    """`PUT /v1/shardlists/{digest}`: the shard list is known to the daemon from now on."""
+
+    shardlist: str = Field(description="its digest, the sha256 of the body")
+    urls: int = Field(description="how many urls it holds")
 
 
 class SessionRequest(_Request):

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from shardcached.dirlock import LOCK_NAME
+from shardcached.storage import LOCK_NAME
 
 
 def files_in(cache_dir: Path) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from shardcached.bulkcheck import gather_chunks
 from shardcached.keys import AllowList, cache_key
-from shardcached.layout import Entry
+from shardcached.storage.layout import Entry
 from shardcached.versions import PAGE
 
 

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from harness.daemon_api import api
-from shardcached.api import _NoFollowFileResponse
+from shardcached.serving.api import _NoFollowFileResponse
 
 
 def test_a_shard_file_replaced_by_a_symlink_is_fetched_again_instead_of_streamed(

@@ -13,15 +13,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.fetching.fetcher import Fetcher, RemoteInfo
 from shardcached.freshness import Freshness
 from shardcached.keys import cache_key
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
-from shardcached.plans import Plan
-from shardcached.space import Space
-from shardcached.store import Store
+from shardcached.planning.planner import Planner
+from shardcached.planning.plans import Plan
+from shardcached.storage.layout import Entry
+from shardcached.storage.space import Space
+from shardcached.storage.store import Store
 from shardcached.versions import Page, RemoteVersions
 
 

@@ -19,7 +19,7 @@ def _loaded_after(statement: str) -> set[str]:
 
 
 def test_importing_the_daemon_app_loads_no_pipeline_module_and_no_torch() -> None:
-    loaded = _loaded_after("import shardcached.app, shardcached.server")
+    loaded = _loaded_after("import shardcached.serving.app, shardcached.serving.server")
     assert "shardcache_protocol" in loaded
     assert sorted(loaded & set(PIPELINE)) == []
 
@@ -48,5 +48,5 @@ def test_every_error_code_the_daemon_sends_is_listed_in_the_contract() -> None:
 
     source = Path(errors.__file__).parent
     pattern = re.compile(r'(?:code=|error_body\(|_error\(\d+, )"([a-z_]+)"')
-    sent = {code for path in source.glob("*.py") for code in pattern.findall(path.read_text())}
+    sent = {code for path in source.rglob("*.py") for code in pattern.findall(path.read_text())}
     assert sent and sorted(sent - set(shardcache_protocol.ERROR_CODES)) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 
 
 class Clock:

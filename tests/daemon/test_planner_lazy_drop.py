@@ -1,6 +1,6 @@
 """A dropped plan's resident shards are refiled lazily, and no decision ever sees the half-dropped state.
 
-`Planner.drop_plan` (a DELETE, a replaced plan, a stale slot) only notes the plan's (chain, epoch); its
+`Planner.drop_plan` (a DELETE, a replaced plan, a stale slot) only queues the shards the plan owned; its
 resident shards are refiled by `refile_more` in pieces (the indexer's background steps), and every decision
 settles what is still pending first. So a decision taken at any moment equals the linear reference
 (`choose_victim`), pieces of refiling and unindexing interleaved with everything else; and the pending work,
@@ -14,9 +14,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcached.indexing import PlanIndexer
-from shardcached.planner import Planner
-from shardcached.plans import Chain
+from shardcached.planning import PlanIndexer, Planner
 from tests.daemon.test_planner_resident_victim import URLS, World
 
 
@@ -67,20 +65,22 @@ def resident_planner(stale_after_s: float = 1e9) -> tuple[Planner, list[str], li
     return planner, plans, urls
 
 
-def index_state(planner: Planner) -> tuple[object, ...]:
-    """Everything the next-use index keeps, comparable across two planners (chains by job and slot)."""
-    index = planner._index
-
-    def name(chain: Chain) -> tuple[str, int]:
-        return (chain.job, chain.slot)
-
-    return (
-        {url: {name(c): k for c, k in keys.items()} for url, keys in index._keys.items()},
-        {name(c): list(order) for c, order in index._chains.items()},
-        {name(c): list(order) for c, order in index._owned.items()},
-        {url: (name(c), entry) for url, (c, entry) in index._owner.items()},
-        list(index._idle),
-    )
+def index_state(planner: Planner) -> tuple[dict[str, tuple[object, ...]], dict[str, int | None]]:
+    """Everything the next-use index keeps, comparable across two planners: each resident url's owner
+    (job, slot, epoch of the plan) and position, or its idle key (a url queued for a refile has neither)."""
+    index, table = planner._index, planner.table
+    owners: dict[str, tuple[object, ...]] = {}
+    idle: dict[str, int | None] = {}
+    for uid in index.resident_ids().tolist():
+        owned = index.owned_by(uid)
+        if owned is None:
+            if index.idle_key(uid) is not None:  # else queued: its owner was dropped
+                idle[table.url(uid)] = index.idle_key(uid)
+        else:
+            plan = planner._uses.plan_at(owned[0])
+            assert plan is not None
+            owners[table.url(uid)] = (plan.chain.job, plan.chain.slot, plan.epoch, owned[1])
+    return owners, idle
 
 
 def test_a_drop_refiles_nothing_until_asked() -> None:
@@ -88,7 +88,9 @@ def test_a_drop_refiles_nothing_until_asked() -> None:
     before = index_state(planner)
     assert planner.drop_plan(plans[0])
     assert planner.refile_pending
-    assert index_state(planner) == before
+    owners, idle = index_state(planner)
+    assert idle == before[1]  # none refiled: the shards only the dropped plan held are not idle yet
+    assert all(owner[2] != 0 for owner in owners.values())  # only queued: filed under no plan meanwhile
 
 
 def test_the_pending_refile_finishes_by_itself_into_the_eager_state() -> None:
@@ -109,7 +111,7 @@ def test_a_decision_right_after_a_drop_equals_the_eager_one() -> None:
     lazy.drop_plan(lazy_plans[0])
     eager.delete_plan(eager_plans[0])
     lazy.refile_more(3)  # part of it done
-    resident = sorted((url for url in urls if url in lazy._index), key=lazy._index.seq)  # store order
+    resident = lazy.table.urls(lazy._index.resident_ids())  # in store order
     victim = lazy.choose_resident_victim(lambda url: url in resident)
     assert victim == eager.choose_resident_victim(lambda url: url in resident)
     assert victim == eager.choose_victim(resident)
@@ -128,7 +130,7 @@ def test_a_second_drop_of_the_same_chain_while_the_first_is_pending() -> None:
     while lazy.refile_more(1) is False:
         pass
     assert index_state(lazy) == index_state(eager)
-    assert all(url in lazy._index._idle_rank for url in list(lazy._index._seq))  # no plan left: all idle
+    assert not index_state(lazy)[0]  # no plan left: every resident shard is idle
 
 
 def test_a_replaced_plan_dropped_again_while_its_refile_is_pending_is_refiled_again() -> None:
@@ -152,7 +154,7 @@ def test_remove_and_add_of_a_shard_with_a_pending_refile() -> None:
     eager, eager_plans, _ = resident_planner()
     lazy.drop_plan(lazy_plans[0])
     eager.delete_plan(eager_plans[0])
-    gone, back = [url for url in urls if url in lazy._index][:2]
+    gone, back = lazy.table.urls(lazy._index.resident_ids())[:2]
     for planner in (lazy, eager):
         planner.gone(gone)
         planner.gone(back)
@@ -205,11 +207,16 @@ def test_a_settle_and_pieces_leave_the_state_an_eager_delete_leaves(seed: int) -
             while not planner.refile_more(1):
                 pass
         index = planner._index
-        for url, (owner, entry) in index._owner.items():  # an owned entry is one of the url's next uses
-            assert entry == (*index._keys[url][owner], url) and entry in index._owned[owner]
-        assert sum(map(len, index._owned.values())) == len(index._owner) == len(index._keys)
+        for uid in index.resident_ids().tolist():  # an owned entry is one of the url's next uses
+            owned = index.owned_by(uid)
+            if owned is not None:
+                plan = planner._uses.plan_at(owned[0])
+                assert plan is not None and plan.first_at_or_after(uid, plan.cursor) == owned[1]
+                assert index.idle_key(uid) is None
+            else:
+                assert index.idle_key(uid) is not None
         states.append(index_state(planner))
     assert states[0] == states[1]
-    # Owners may differ from the eager drops': a chain's times change as each of its plans goes, and any
-    # owner is correct (nextuse.py); every next use and the idle order may not.
-    assert (states[0][0], states[0][1], states[0][4]) == (states[2][0], states[2][1], states[2][4])
+    # Owners may differ from the eager drops': a plan's times change as the others of its slot go, and any
+    # owner is correct (nextuse.py); which shards are idle, and their order, may not.
+    assert states[0][1] == states[2][1] and states[0][0].keys() == states[2][0].keys()

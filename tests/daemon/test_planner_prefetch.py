@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 
 
 class Node:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from harness import belady_sim as sim
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 
 Access = sim.Access
 

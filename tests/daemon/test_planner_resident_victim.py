@@ -15,8 +15,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardcached.planner import Planner
-from shardcached.policies import prefetch_victim
+from shardcached.planning import Planner, prefetch_victim
 
 URLS = [f"s3://b/{i:02d}.tar" for i in range(24)]
 
@@ -83,7 +82,8 @@ class World:
         live = [p for p in self.plans if planner.has_plan(p)]
         if live and rng.random() < 0.8:
             plan_id = rng.choice(live)
-            plan = planner._plans[plan_id]
+            plan = planner.plan(plan_id)
+            assert plan is not None
             cursor, length, urls = plan.cursor, len(plan.urls), plan.urls
             if length and rng.random() < 0.8:
                 position = min(length - 1, cursor + rng.choice([0, 0, 1, 2, 5]))

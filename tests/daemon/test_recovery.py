@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from shardcached.keys import cache_key
-from shardcached.layout import META_SUFFIX, Entry
-from shardcached.recovery import recover_cache_dir
+from shardcached.storage.layout import META_SUFFIX, Entry
+from shardcached.storage.recovery import recover_cache_dir
 
 
 def _entry(cache: Path, url: str, data: bytes) -> Entry:

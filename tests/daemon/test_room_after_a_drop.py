@@ -14,12 +14,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from shardcached.indexing import refiled
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
-from shardcached.space import Space
-from shardcached.store import Store
+from shardcached.planning import Planner, refiled
+from shardcached.storage import Entry, Space, Store
 
 SIZE = 10
 URLS = [f"s3://b/{i:03d}.tar" for i in range(240)]
@@ -44,6 +41,7 @@ def full_space(tmp_path: Path, planner: Planner) -> tuple[Space, Store]:
         evict_wait_s=1.0,
         clock=lambda: 0.0,
         closing=lambda: False,
+        refile_piece=50,
     )
     for i, url in enumerate(random.Random(5).sample(URLS, 220)):
         path = tmp_path / f"{i:03d}.data"

@@ -9,7 +9,7 @@ import pytest
 from harness.daemon_api import api
 from harness.polling import wait_for
 from harness.shards import make_tar_shard
-from shardcached.sizing import SizingCheck, required_capacity
+from shardcached.storage import SizingCheck, required_capacity
 
 
 def test_the_required_capacity_is_readers_times_largest_shard_times_depth_plus_one() -> None:
@@ -21,7 +21,7 @@ def test_a_capacity_below_the_rule_for_the_registered_readers_is_warned_about_on
 ) -> None:
     check = SizingCheck(capacity=1000, prefetch_depth=2)
     check.saw_shard(100)
-    with caplog.at_level(logging.WARNING, logger="shardcached.sizing"):
+    with caplog.at_level(logging.WARNING, logger="shardcached.storage.sizing"):
         assert check.check(readers=3)  # 900 bytes: fits
         assert not check.check(readers=4)  # 1200 bytes
         assert not check.check(readers=4)

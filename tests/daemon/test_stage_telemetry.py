@@ -24,7 +24,7 @@ from shardcache import DaemonClient, Dataset, TorchLoader
 from shardcache.daemon_access.telemetry import Telemetry
 from shardcache.daemon_access.transport import Transport
 from shardcache_protocol import TelemetryReport
-from shardcached.telemetry import OTHER_STAGES, ClientTelemetry
+from shardcached.serving import OTHER_STAGES, ClientTelemetry
 
 STAGE_SERIES = "shardcache_client_stage_seconds_total"
 

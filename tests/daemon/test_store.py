@@ -9,8 +9,7 @@ import pytest
 
 from shardcached.errors import NotFound
 from shardcached.keys import cache_key
-from shardcached.layout import Entry
-from shardcached.store import Store
+from shardcached.storage import Entry, Store
 
 
 class Clock:
@@ -134,7 +133,7 @@ def test_an_evicted_leased_shard_can_be_revived_without_a_download(tmp_path: Pat
 
 
 def test_recovery_keeps_a_fresh_partial_download_unindexed_and_counted_and_drops_an_old_one(tmp_path: Path):
-    from shardcached.layout import PARTIAL_TTL_S
+    from shardcached.storage import PARTIAL_TTL_S
 
     store = Store(tmp_path, capacity=1000)
     fresh, old = store.partial_path(cache_key("s3://b/a.tar", "v1")), store.partial_path("f" * 64)

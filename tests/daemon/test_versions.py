@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardcached.fetcher import Fetcher
+from shardcached.fetching.fetcher import Fetcher
 from shardcached.versions import RemoteVersions
 
 _buckets = itertools.count()

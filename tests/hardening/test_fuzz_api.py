@@ -21,10 +21,10 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance, status_c
 
 from harness.shards import make_tar_shard
 from shardcache_protocol import SESSIONS_PATH
-from shardcached.app import create_app, serving_app
 from shardcached.config import Settings
-from shardcached.planner import Planner
-from shardcached.store import Store
+from shardcached.planning import Planner
+from shardcached.serving import create_app, serving_app
+from shardcached.storage import Store
 
 EXAMPLES_PER_OPERATION = 150  # 7 operations take inputs (4 take none): over 1,000 requests in all
 

@@ -18,7 +18,7 @@ import pytest
 from harness.daemon_api import api, metric
 from harness.devservers import Daemon, stop_process
 from harness.polling import wait_for
-from shardcached.dirlock import LOCK_NAME
+from shardcached.storage import LOCK_NAME
 
 CLIENT = Path(__file__).with_name("load_client.py")
 PROCESSES, THREADS = 4, 16

@@ -83,15 +83,21 @@ class ControlClient:
         body: object = None,
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
+        content: bytes | None = None,
     ) -> Response:
-        """Send one request and read its whole answer.
+        """Send one request and read its whole answer: `body` as JSON, or `content` as it is.
 
         Raises:
             DaemonUnavailable: the socket is missing, refuses, or no answer came within the timeout.
         """
         try:
             answer = self._http().request(
-                method, path, json=body, headers=headers, timeout=self.timeout if timeout is None else timeout
+                method,
+                path,
+                json=body,
+                content=content,
+                headers=headers,
+                timeout=self.timeout if timeout is None else timeout,
             )
         except httpx.TimeoutException as exc:
             raise DaemonUnavailable(

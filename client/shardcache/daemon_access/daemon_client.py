@@ -12,6 +12,7 @@ shards without it), `open_wire` (the open's grant and the connection count behin
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import threading
@@ -39,6 +40,7 @@ from shardcache.daemon_access.session import session_for
 from shardcache.daemon_access.transport import RELEASE_HEADER, Response
 from shardcache.errors import ConfigError, DaemonUnavailable, InsufficientCapacity, RemoteNotFound
 from shardcache.node import JSONObject, JSONValue
+from shardcache.shards import ListedUrls
 from shardcache_protocol import (
     API_PREFIX,
     Health,
@@ -56,6 +58,8 @@ logger = logging.getLogger(__name__)
 Handoff = Literal["auto", "path", "stream"]
 _HANDOFFS = ("auto", "path", "stream")
 _V1 = API_PREFIX
+# The daemon no longer holds (or never held) the shard list a plan names: upload it, then register again.
+UNKNOWN_SHARDLIST = "unknown_shardlist"
 # Leases of shards closed within this many seconds of opening are released with the next request.
 PIGGYBACK_WITHIN_S = 0.25
 
@@ -134,6 +138,8 @@ class DaemonClient(DaemonAvailability):
         self._state_lock = threading.Lock()
         self._down_at = None  # the daemon's state as this client sees it (see DaemonAvailability)
         self._seen_up = False
+        self._shardlists_uploaded: set[str] = set()  # digests of shard lists this process uploaded
+        self._shardlists_refused = False  # the daemon has no shard lists (older): plans go as url lists
         self._warned_path = False
         self._warned_capacity = False
         self._takes_immutable = True  # False once the daemon refused the field (older than it)
@@ -382,6 +388,11 @@ class DaemonClient(DaemonAvailability):
     ) -> str | None:
         """Announce the ordered shards one slot reads in one epoch; the plan id, or None without a daemon.
 
+        Urls given as positions in a shard list (`ListedUrls`) go in the compact form: the plan names
+        positions in the list, which is uploaded (`PUT /v1/shardlists/{digest}`) only when the daemon
+        answers that it does not hold it: once per node and job, whatever the ranks and workers, and again
+        after a restart of the daemon. A daemon without shard lists gets the urls themselves.
+
         `ahead`: a plan for later (the next epoch), registered from another thread than the one opening
         shards: it goes over the control connection only, so it opens no connection that `generation`
         would count as a reconnect. `immutable`: the shards are never rewritten in place; the daemon serves
@@ -392,13 +403,18 @@ class DaemonClient(DaemonAvailability):
             DaemonUnavailable: no daemon answers and `required=True`.
             BadRequest: the daemon rejected the plan.
         """
-        body: dict[str, object] = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls)}
-        if immutable and self._takes_immutable:
-            body["immutable"] = True  # only when true: what an older daemon can refuse
+        # Fields beside the urls: `immutable` only when true (what an older daemon can refuse), and the
+        # process's session, added per attempt (a restarted daemon gives a new one).
+        fields: dict[str, object] = {"immutable": True} if immutable and self._takes_immutable else {}
 
         def register(session: str | None) -> Response:
-            named = {**body, "session": session} if session else body
-            return self._control.request("POST", f"{_V1}/plans", named, headers=self._held_releases())
+            named = {**fields, "session": session} if session else fields
+            if isinstance(urls, ListedUrls) and not self._shardlists_refused:
+                listed = self._send_listed(job, slot, epoch, urls, named)
+                if listed is not None:
+                    return listed
+            body = {"job": job, "slot": slot, "epoch": epoch, "urls": list(urls), **named}
+            return self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
 
         def send() -> Response:
             # The plan belongs to the current `generation`: the open path's connection is made first, so the
@@ -406,14 +422,14 @@ class DaemonClient(DaemonAvailability):
             if not ahead:
                 self._transport.connect()
             answer = self._in_session(register)
-            if answer.status == 422 and "immutable" in body and b"immutable" in answer.body:
+            if answer.status == 422 and "immutable" in fields and b"immutable" in answer.body:
                 logger.info(
                     "the daemon at %s is older than immutable plans; registering without (it checks the "
                     "remote only after --revalidate-after-s anyway)",
                     self.socket,
                 )
                 self._takes_immutable = False
-                del body["immutable"]
+                del fields["immutable"]
                 answer = self._in_session(register)
             return answer
 
@@ -421,6 +437,39 @@ class DaemonClient(DaemonAvailability):
         if answer is None:
             return None
         return str(PlanResponse.model_validate(answer.json()).plan)
+
+    def _send_listed(
+        self, job: str, slot: int, epoch: int, urls: ListedUrls, fields: dict[str, object]
+    ) -> Response | None:
+        """Register a plan over its shard list (with `fields`: its session, immutable), uploading the list
+        when the daemon lacks it (the first plan of a job on the node, or the daemon restarted); None when
+        the daemon has no shard lists (an older one: it refuses the form and has no upload route), to send
+        the urls instead."""
+        shards = urls.shards
+        digest = shards.urls_digest
+        positions = base64.b64encode(urls.positions.astype("<i4").tobytes()).decode("ascii")
+        body = {
+            "job": job,
+            "slot": slot,
+            "epoch": epoch,
+            "shardlist": digest,
+            "positions": positions,
+            **fields,
+        }
+        answer = self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+        unknown = answer.status == 404 and _error_code(answer) == UNKNOWN_SHARDLIST
+        if unknown or (answer.status == 422 and digest not in self._shardlists_uploaded):
+            put = self._control.request(
+                "PUT", f"{_V1}/shardlists/{digest}", content=shards.urls_blob, headers=self._held_releases()
+            )
+            if put.status in (404, 405):
+                logger.info("shardcached has no shard lists (an older daemon): plans go as url lists")
+                self._shardlists_refused = True
+                return None
+            put.raise_for_status()
+            self._shardlists_uploaded.add(digest)
+            answer = self._control.request("POST", f"{_V1}/plans", body, headers=self._held_releases())
+        return answer
 
     def delete_plan(self, plan_id: str) -> None:
         """Withdraw a plan; quiet when no daemon answers or it no longer knows the plan (it restarted)."""
@@ -494,3 +543,12 @@ class DaemonClient(DaemonAvailability):
 
 def _quote(value: str) -> str:
     return urllib.parse.quote(value, safe="")
+
+
+def _error_code(answer: Response) -> str | None:
+    """The `error` code of an error answer's JSON body, None when it has none."""
+    try:
+        payload = answer.json()
+    except ValueError:
+        return None
+    return str(payload.get("error")) if isinstance(payload, dict) else None

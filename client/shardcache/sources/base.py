@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import NotRequired, TypedDict
 
+import numpy as np
+
 from shardcache.context import RuntimeContext
 from shardcache.errors import (
     CorruptShardError,
@@ -35,7 +37,7 @@ from shardcache.errors import (
 )
 from shardcache.memo import IdentityMemo
 from shardcache.node import Node, State
-from shardcache.shards import ShardRef
+from shardcache.shards import ListedUrls, ShardRef, ShardTuple
 from shardcache.sources.corrupt import report_corrupt
 from shardcache.sources.deal.counting import RunFacts, known_counts, unit_counts
 from shardcache.sources.deal.order import ORDER_VERSION, check_order_version
@@ -365,10 +367,19 @@ class SourceNode(Node):
             self.skipped_shards,
         )
 
-    def _urls(self, units: Sequence[Unit], pieces: Sequence[Piece]) -> list[str]:
+    def opens_only_its_shard(self) -> bool:
+        """Whether reading a unit opens its shard's url alone (`opened_urls`; tars with sidecars do not)."""
+        return True
+
+    def _urls(self, units: Sequence[Unit], pieces: Sequence[Piece]) -> Sequence[str]:
+        shards = units.shards if isinstance(units, ShardUnits) else None
+        if isinstance(shards, ShardTuple) and self.opens_only_its_shard():
+            # Positions in the source's shard list: the daemon takes the plan in its compact form.
+            positions = np.fromiter((p.unit for p in pieces), dtype=np.int32, count=len(pieces))
+            return ListedUrls(shards, positions)
         return [url for p in pieces for url in self.opened_urls(units[p.unit])]
 
-    def _next_urls(self, units: Sequence[Unit]) -> Callable[[], list[str]]:
+    def _next_urls(self, units: Sequence[Unit]) -> Callable[[], Sequence[str]]:
         """What this slot opens after the current epoch (or round), the daemon's "next" plan, as a function
         that computes it later (in PlanTracker's background thread): it reads a copy of this node's position
         taken now, never the node itself, which goes on iterating meanwhile."""
@@ -393,7 +404,7 @@ class SourceNode(Node):
         spec = replace(self.spec, shards=shards, hints=self.spec.hints.without_plans())
         sibling = type(self)(spec, self.ctx.with_epoch(epoch), self.facts)
         units = sibling.units()
-        return sibling._urls(units, sibling.slot_pieces(units, 0))
+        return list(sibling._urls(units, sibling.slot_pieces(units, 0)))
 
     def state_dict(self) -> SourceState:
         part = self.partitioning

@@ -109,6 +109,9 @@ class TarsSource(SourceNode):
                 return index[0]
         return super().count(unit)
 
+    def opens_only_its_shard(self) -> bool:
+        return not self.options.sidecars
+
     def opened_urls(self, unit: Unit) -> list[str]:
         sidecars = self.options.sidecars or ()
         return [unit.ref.url, *(fn(unit.ref.url) for _, fn in sidecars)]

@@ -41,7 +41,7 @@ from shardcache.daemon_access.daemon_client import DaemonClient
 from shardcache.errors import ConfigError, DaemonRequestError
 from shardcache.jobs import blob_hash, default_job, job_named
 from shardcache.memo import IdentityMemo
-from shardcache.shards import ShardRef, urls_blob
+from shardcache.shards import ListedUrls, ShardRef, urls_blob
 from shardcache.sources.deal.order import order_at
 from shardcache.sources.kinds import kind_of
 
@@ -160,7 +160,9 @@ def source_job(job: str | None, shards: Sequence[ShardRef], seed: int) -> str:
     return job_named(digest)
 
 
-def _dedupe_consecutive(urls: Sequence[str]) -> list[str]:
+def _dedupe_consecutive(urls: Sequence[str]) -> Sequence[str]:
+    if isinstance(urls, ListedUrls):
+        return urls.without_repeats()
     out: list[str] = []
     for url in urls:
         if not out or out[-1] != url:

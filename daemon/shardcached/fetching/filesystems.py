@@ -8,7 +8,6 @@ botocore reads its config), so `warm_up` does it at start-up, off the first fetc
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -91,13 +90,6 @@ class Filesystems:
                     connect()
             except Exception as exc:  # an unusable protocol is reported by the first real fetch
                 logger.debug("warming up the filesystem for %s failed: %s", prefix, exc)
-        # What this built lives as long as the daemon: s3fs, aiobotocore and aiohttp's modules, the botocore
-        # session and client (~65k objects the collector tracks). Made after the start-up freeze
-        # (indexing._freeze), they were walked by every full collection, ~100 ms with the GIL held, a stall
-        # of the loop and of every thread; frozen now, never again (the cyclic garbage of this moment, if
-        # any, is kept: a one-time few KB).
-        if any(not is_local(prefix) for prefix in prefixes):
-            gc.freeze()
 
     def _options(self, protocol: str) -> dict[str, Any]:
         if protocol in ("s3", "s3a"):

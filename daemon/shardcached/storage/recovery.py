@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardcached.layout import (
+from shardcached.storage.layout import (
     META_SUFFIX,
     PART_PREFIX,
     PARTIAL_TTL_S,

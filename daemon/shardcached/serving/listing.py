@@ -14,8 +14,8 @@ import heapq
 from bisect import bisect_right
 
 from shardcache_protocol import ShardInfo, ShardList
-from shardcached.planner import Planner
-from shardcached.store import Store
+from shardcached.planning import Planner
+from shardcached.storage import Store
 
 DEFAULT_PAGE = 1_000
 MAX_PAGE = 10_000

@@ -23,7 +23,7 @@ from shardcached.errors import (
     NotFound,
     RemoteError,
 )
-from shardcached.filesystems import Redirected
+from shardcached.fetching.filesystems import Redirected
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shardcached.checksums import file_matches, normalize_checksum
-from shardcached.layout import Entry
-from shardcached.space import Space
-from shardcached.store import Store
+from shardcached.storage.checksums import file_matches, normalize_checksum
+from shardcached.storage.layout import Entry
+from shardcached.storage.space import Space
+from shardcached.storage.store import Store
 
 logger = logging.getLogger(__name__)
 

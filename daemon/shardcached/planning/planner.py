@@ -7,20 +7,21 @@ until it has one), so a planned position becomes an estimated time, and slots at
 
     time(position) = last open of the chain + opens ahead * chain interval
 
-Pure logic for the daemon's event loop: no I/O, no asyncio, an injected clock. ``record_open`` is O(log n)
-(one bisect, and refiling the resident shards the cursor passed); ``next_use`` looks only at the plans holding
-the url (index url -> plan -> positions). The chains, plans and that index are plain data in plans.py; this
-module decides with them.
+Pure logic for the daemon's event loop: no I/O, no asyncio, an injected clock. Urls have integer ids
+(urltable.py) and plans are arrays of them (plans.py); ``record_open`` is O(log n) (one binary search, and
+refiling the resident shards the cursor passed); ``next_use`` looks only at the plans holding the url
+(planindex.py, `PlanIndex`, the one answer to "where is this shard used next, by whom"). This module
+decides with them.
 
 Eviction: the store tells the planner which shards are resident (``resident``, ``gone``), and the planner
-keeps them ordered by next use per (job, slot) and, for those in no plan, by recency (nextuse.py), updated
-where a url is indexed or unindexed in a plan, where a cursor moves, and where a url is touched. So
-``choose_resident_victim`` decides in O(C + log R) (C readers, R resident shards) what ``choose_victim``, the
+keeps them ordered by next use under one owner plan each and, for those in no plan, by recency (nextuse.py),
+updated where a plan indexes a url or is dropped, where a cursor moves, and where a url is touched. So
+``choose_resident_victim`` decides in O(C + log R) (C plans, R resident shards) what ``choose_victim``, the
 linear reference kept for lists of candidates, decides in O(R x plans per url), with the same result.
 
 Which plans are registered, their chains, expiry and pace are kept by registration.py (`PlanRegistry`,
-which tells the next-use index of every url indexed or unindexed); the registration methods here delegate to
-it, so the daemon and the tests keep one object to talk to.
+which tells the next-use index of every chunk of urls indexed and every plan dropped); the registration
+methods here delegate to it, so the daemon and the tests keep one object to talk to.
 
 Example:
     >>> t = [0.0]
@@ -38,10 +39,12 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from shardcached.nextuse import NextUseIndex, use_in, uses_by_chain
-from shardcached.plans import Chain, Plan, first_at_or_after
-from shardcached.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
-from shardcached.registration import PlanRegistry
+from shardcached.planning.nextuse import NextUseIndex
+from shardcached.planning.planindex import Line, PlanIndex
+from shardcached.planning.plans import Plan, PlanArrays
+from shardcached.planning.policies import Recency, Window, farthest_next_use, least_recent, nearest_first
+from shardcached.planning.registration import PlanRegistry
+from shardcached.planning.urltable import UrlTable
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +85,19 @@ class Planner:
         self.displace_ahead = displace_ahead
         self.stale_after_s = stale_after_s
         self._clock = clock
-        self._recency = Recency()
+        self.table = UrlTable()
+        self._recency = Recency(self.table)
+        self._uses = PlanIndex()
         # The resident shards (told by the store: `resident`, `gone`), ordered by next use and by recency.
         self._index = NextUseIndex(
-            self._recency.rank,
-            lambda url: uses_by_chain(self._positions, self._plans, url),
-            lambda url, chain: use_in(self._positions, self._plans, url, chain),
-            self._use_time,
+            self.table,
+            self._uses,
+            self._recency.rank_of,
+            self._recency.ranks_of,
+            self._line_now,
             by_recency_only=policy == "lru",
         )
-        self._registry = PlanRegistry(stale_after_s, clock, self._index)
-        self._plans = self._registry.plans  # the registry's own dicts, read here (never rebound there)
-        self._chains = self._registry.chains
-        self._positions = self._registry.positions
+        self._registry = PlanRegistry(stale_after_s, clock, self.table, self._uses, self._index)
 
     # -- registration: registration.py keeps the plans; these delegate --------------------------------
     def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
@@ -108,11 +111,21 @@ class Planner:
         self._index.settle()  # a replaced plan's resident shards too
         return plan_id
 
+    def arrays(self, urls: Sequence[str]) -> PlanArrays:
+        """A plan's arrays for `urls` (thread-safe and blocking: a worker thread makes a long plan's)."""
+        return PlanArrays.from_urls(self.table, urls)
+
     def begin_plan(
-        self, job: str, slot: int, epoch: int, urls: list[str], digest: str | None = None
+        self,
+        job: str,
+        slot: int,
+        epoch: int,
+        urls: Sequence[str] | PlanArrays,
+        digest: str | None = None,
     ) -> tuple[Plan, bool]:
         """See `PlanRegistry.begin_plan`: registered now, (plan, whether it still needs `index_more`)."""
-        return self._registry.begin_plan(job, slot, epoch, urls, digest)
+        arrays = urls if isinstance(urls, PlanArrays) else self.arrays(urls)
+        return self._registry.begin_plan(job, slot, epoch, arrays, digest)
 
     def index_more(self, plan: Plan, budget: int) -> bool:
         """See `PlanRegistry.index_more`: up to `budget` more urls indexed; True once none is left."""
@@ -131,12 +144,12 @@ class Planner:
         return self._registry.drop_plan(plan_id)
 
     def unindex_more(self, budget: float) -> bool:
-        """Remove up to `budget` index entries of dropped plans; True once none is left."""
+        """Clear up to `budget` positions of dropped plans from the index; True once none is left."""
         return self._registry.unindex_more(budget)
 
     @property
     def unindex_pending(self) -> bool:
-        """Whether dropped plans still have entries in the index (see `unindex_more`)."""
+        """Whether dropped plans still have positions in the index (see `unindex_more`)."""
         return self._registry.unindex_pending
 
     def refile_more(self, budget: int) -> bool:
@@ -180,24 +193,28 @@ class Planner:
         """The live plans, for debugging: id, job, slot, epoch, cursor, len, interval_s, last_open."""
         return self._registry.describe()
 
+    def plan(self, plan_id: str) -> Plan | None:
+        """The live plan `plan_id` (its cursor, urls and chain), or None for an unknown id."""
+        return self._registry.plan(plan_id)
+
     def job_of(self, plan_id: str) -> str | None:
         """The job of a live plan; None for an unknown id."""
-        plan = self._plans.get(plan_id)
+        plan = self._registry.plan(plan_id)
         return None if plan is None else plan.chain.job
 
     def has_plan(self, plan_id: str) -> bool:
         """Whether `plan_id` is a live plan."""
-        return plan_id in self._plans
+        return self._registry.plan(plan_id) is not None
 
     @property
     def plan_count(self) -> int:
         """Number of live plans."""
-        return len(self._plans)
+        return self._registry.plan_count
 
     @property
     def reader_count(self) -> int:
         """Number of (job, slot) pairs with a live plan: the readers that may read concurrently."""
-        return len(self._chains)
+        return len(self._registry.readers())
 
     # -- opens, residency and decisions -----------------------------------------------------------------
     def record_open(self, url: str, plan_id: str | None = None) -> None:
@@ -207,11 +224,11 @@ class Planner:
         (skipped positions are passed over; a repeated open of an already passed url leaves it in place),
         earlier epochs of the same (job, slot) count as finished, and the slot's pace is updated.
         """
-        self._recency.touch(url)
-        self._index.touched(url)
+        uid = self._recency.touch(url)
+        self._index.touched(uid)
         if plan_id is None:
             return
-        plan = self._plans.get(plan_id)
+        plan = self._registry.plan(plan_id)
         if plan is None:
             return
         chain = plan.chain
@@ -220,29 +237,33 @@ class Planner:
         for earlier in chain.plans:
             if earlier is plan:
                 break
-            earlier.cursor = len(earlier.urls)
-        position = first_at_or_after(self._positions.get(url, {}).get(plan_id), plan.cursor)
+            start, earlier.cursor = earlier.cursor, len(earlier)
+            self._index.passed(earlier, start, earlier.cursor)
+        position = plan.first_at_or_after(uid, plan.cursor)
         if position is not None:
-            plan.cursor = position + 1
-        self._index.passed(chain, plan.epoch, plan.cursor)
+            start, plan.cursor = plan.cursor, position + 1
+            self._index.passed(plan, start, plan.cursor)
 
     def touch(self, url: str) -> None:
         """Mark `url` as just used for recency, without any plan (e.g. a shard that was just fetched)."""
-        self._recency.touch(url)
-        self._index.touched(url)
+        self._index.touched(self._recency.touch(url))
 
     def forget(self, url: str) -> None:
         """The shard left the cache: drop its recency."""
         self._recency.forget(url)
-        self._index.touched(url)
+        uid = self.table.find(url)
+        if uid is not None:
+            self._index.touched(uid)
 
     def resident(self, url: str) -> None:
         """`url` became resident (the store calls this; last in its order, which breaks ties)."""
-        self._index.add(url)
+        self._index.add(self.table.id(url))
 
     def gone(self, url: str) -> None:
         """`url` left the cache (the store calls this)."""
-        self._index.remove(url)
+        uid = self.table.find(url)
+        if uid is not None:
+            self._index.remove(uid)
 
     def next_use(self, url: str) -> float | None:
         """Distance to the nearest planned use of `url` ahead of any cursor, in opens at the median pace.
@@ -253,7 +274,7 @@ class Planner:
         now = self._clock()
         self._registry.maybe_expire(now)
         ref = self._registry.reference_interval()
-        when = self._next_time(url, now, ref, {})
+        when = self._next_time(self.table.find(url), now, ref, {})
         if when is None:
             return None
         return max(0.0, (when - now) / ref)
@@ -265,7 +286,7 @@ class Planner:
         """
         now = self._clock()
         self._registry.maybe_expire(now)
-        return self._next_time(url, now, self._registry.reference_interval(), {})
+        return self._next_time(self.table.find(url), now, self._registry.reference_interval(), {})
 
     def choose_victim(self, candidates: Iterable[str], incoming: str | None = None) -> str | None:
         """Which of `candidates` (resident, evictable shards) to evict to make room for `incoming`.
@@ -287,14 +308,15 @@ class Planner:
         now = self._clock()
         self._registry.maybe_expire(now)
         ref = self._registry.reference_interval()
-        lines: dict[str, tuple[float, float]] = {}
+        lines: dict[int, Line] = {}
         incoming_time = None
         if incoming is not None:
             if self._opens_ahead(incoming) > self.displace_ahead:
                 return None  # too early to displace anything (or in no plan at all): fill free space only
-            incoming_time = self._next_time(incoming, now, ref, lines)
+            incoming_time = self._next_time(self.table.find(incoming), now, ref, lines)
+        find = self.table.find
         return farthest_next_use(
-            pool, lambda url: self._next_time(url, now, ref, lines), self._recency, incoming_time
+            pool, lambda url: self._next_time(find(url), now, ref, lines), self._recency, incoming_time
         )
 
     def choose_resident_victim(
@@ -312,28 +334,23 @@ class Planner:
         now = self._clock()
         self._registry.maybe_expire(now)
         ref = self._registry.reference_interval()
-        lines: dict[str, tuple[float, float]] = {}
+        lines: dict[int, Line] = {}
         incoming_time = None
         if incoming is not None:
             if self._opens_ahead(incoming) > self.displace_ahead:
                 return None  # as in choose_victim
-            incoming_time = self._next_time(incoming, now, ref, lines)
+            incoming_time = self._next_time(self.table.find(incoming), now, ref, lines)
         idle = index.least_recent_idle(usable)
         if idle is not None:
             return idle
 
-        def entry_time(chain: Chain, epoch: int, position: int) -> float:
-            plan = next((p for p in chain.plans if p.epoch == epoch), None)
-            if plan is None:
-                # A dropped plan's entry that `unindex_more` has not refiled yet: met first, and the url is
-                # then scored by its live plans only (`_next_time`), so it is never chosen by the dead one.
-                return math.inf
-            line = lines.get(plan.id)
-            if line is None:
-                line = lines[plan.id] = plan.time_line(now, ref)
-            return line[0] + position * line[1]  # the same arithmetic as _next_time: ties stay ties
+        def line(plan: Plan) -> Line:
+            known = lines.get(plan.slot)
+            if known is None:
+                known = lines[plan.slot] = plan.time_line(now, ref)
+            return known
 
-        found = index.farthest(usable, entry_time, lambda url: self._next_time(url, now, ref, lines))
+        found = index.farthest(usable, line, lambda uid: self._next_time(uid, now, ref, lines))
         if found is None or (incoming_time is not None and found[1] <= incoming_time):
             return None
         return found[0]
@@ -355,10 +372,10 @@ class Planner:
         self._registry.maybe_expire(now)
         ref = self._registry.reference_interval()
         windows = []
-        for chain in self._chains.values():
+        for chain in self._registry.readers():
             budget = self.prefetch_depth
             for plan in chain.plans:
-                end = min(len(plan.urls), plan.cursor + budget)
+                end = min(len(plan), plan.cursor + budget)
                 if end > plan.cursor:
                     windows.append(Window(plan.urls, plan.cursor, end, *plan.time_line(now, ref)))
                     budget -= end - plan.cursor
@@ -366,48 +383,32 @@ class Planner:
                     break
         return nearest_first(windows, skip, limit)
 
-    def _use_time(self, chain: Chain, epoch: int, position: int) -> float:
-        """`chain`'s estimated clock time now of its use (epoch, position); inf for a dropped plan's."""
-        for plan in chain.plans:  # a loop, not next(generator): this runs per url indexed
-            if plan.epoch == epoch:
-                base, interval = plan.time_line(self._clock(), self._registry.reference_interval())
-                return base + position * interval
-        return math.inf
+    def _line_now(self, plan: Plan) -> Line:
+        """`plan`'s time line now (which owner a url is filed under; any choice is correct)."""
+        return plan.time_line(self._clock(), self._registry.reference_interval())
 
     def _opens_ahead(self, url: str) -> float:
         """How many opens of its slot until the nearest planned use of `url` (inf when in no plan)."""
-        nearest = math.inf
-        for plan_id, where in self._positions.get(url, {}).items():
-            plan = self._plans.get(plan_id)
-            if plan is None:
-                continue  # dropped; its entries are garbage not removed yet
-            position = first_at_or_after(where, plan.cursor)
-            if position is not None:
-                nearest = min(nearest, plan.opens_before() + position)
-        return nearest
+        uid = self.table.find(url)
+        if uid is None:
+            return math.inf
+        return min(
+            (plan.opens_before() + position for plan, position in self._uses.uses(uid)), default=math.inf
+        )
 
-    def _next_time(
-        self, url: str, now: float, ref: float, lines: dict[str, tuple[float, float]]
-    ) -> float | None:
-        """Estimated clock time of the nearest planned use of `url` ahead of any cursor.
+    def _next_time(self, uid: int | None, now: float, ref: float, lines: dict[int, Line]) -> float | None:
+        """Estimated clock time of the nearest planned use of url id `uid` ahead of any cursor.
 
-        `lines` memoises each plan's time line within one call (cursors do not move during a call), so
-        ranking many candidates walks each (job, slot) chain once.
+        `lines` memoises each plan's time line (by slot) within one call (cursors do not move during a
+        call), so ranking many candidates computes each plan's line once.
         """
-        per_plan = self._positions.get(url)
-        if not per_plan:
+        if uid is None:
             return None
         best: float | None = None
-        for plan_id, where in per_plan.items():
-            plan = self._plans.get(plan_id)
-            if plan is None:
-                continue  # dropped; its entries are garbage not removed yet
-            position = first_at_or_after(where, plan.cursor)
-            if position is None:
-                continue
-            line = lines.get(plan_id)
+        for plan, position in self._uses.uses(uid):
+            line = lines.get(plan.slot)
             if line is None:
-                line = lines[plan_id] = plan.time_line(now, ref)
+                line = lines[plan.slot] = plan.time_line(now, ref)
             when = line[0] + position * line[1]
             if best is None or when < best:
                 best = when

@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from shardcached.errors import DaemonError
-from shardcached.layout import Entry
+from shardcached.storage import Entry
 
 if TYPE_CHECKING:
     from shardcached.service import ShardService

@@ -24,8 +24,8 @@ import os
 import stat
 from collections.abc import Callable
 
-from shardcached.dirlock import CacheDirLock, CacheDirLocked
-from shardcached.store import Store
+from shardcached.storage.dirlock import CacheDirLock, CacheDirLocked
+from shardcached.storage.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -18,18 +18,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from shardcached.cachedir import CacheDirWatch
-from shardcached.checksums import normalize_checksum
 from shardcached.errors import CacheDirMissing, DaemonError, IntegrityError, NoRoom, ShuttingDown
-from shardcached.fetcher import Fetcher, RemoteInfo
+from shardcached.fetching.fetcher import Fetcher, RemoteInfo
 from shardcached.keys import cache_key, file_suffix
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
-from shardcached.sizing import SizingCheck
-from shardcached.space import Space
-from shardcached.store import Store
-from shardcached.verify import ChecksumCheck
+from shardcached.planning import Planner
+from shardcached.storage import (
+    CacheDirWatch,
+    ChecksumCheck,
+    Entry,
+    SizingCheck,
+    Space,
+    Store,
+    normalize_checksum,
+)
 
 logger = logging.getLogger(__name__)
 

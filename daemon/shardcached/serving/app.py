@@ -15,17 +15,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from shardcached import __version__
-from shardcached.api import build_router, health_answer
 from shardcached.config import Settings
-from shardcached.dirlock import CacheDirLock
 from shardcached.errors import DaemonError, error_body, validation_detail
-from shardcached.fetcher import Fetcher
-from shardcached.hotpath import HotPath
+from shardcached.fetching import Fetcher
 from shardcached.keys import AllowList
 from shardcached.metrics import Metrics, StateReaders
-from shardcached.planner import Planner
+from shardcached.planning import Planner
 from shardcached.service import ShardService
-from shardcached.store import Store
+from shardcached.serving.api import build_router, health_answer
+from shardcached.serving.hotpath import HotPath
+from shardcached.storage import CacheDirLock, Store
 
 logger = logging.getLogger(__name__)
 

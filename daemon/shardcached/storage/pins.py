@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardcached.layout import Entry
-    from shardcached.store import Lease
+    from shardcached.storage.layout import Entry
 
 UNKNOWN_PEER_JOB = "unknown peer"
 
@@ -44,6 +43,17 @@ def session_job(peer: int | None, pid: int | None, host: str | None) -> str | No
 def pid_holder(pid: int) -> str:
     """The holder key of the leases a process without a session holds (ended when it exits)."""
     return f"pid {pid}"
+
+
+@dataclass(eq=False)
+class Lease:
+    """A lease on a resident shard (the store hands them out): it pins the shard until it ends."""
+
+    id: str
+    entry: Entry
+    expires: float
+    job: str = UNKNOWN_PEER_JOB  # whose bytes it pins
+    holder: str | None = None  # what ends it when gone: a session or a visible process
 
 
 @dataclass(eq=False)

@@ -11,24 +11,52 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+import numpy.typing as npt
+
+from shardcached.planning.urltable import UrlTable
+
 
 class Recency:
-    """Order of last use: a counter, not the clock, so two opens in one clock tick still rank."""
+    """Order of last use: a counter, not the clock, so two opens in one clock tick still rank.
 
-    def __init__(self) -> None:
-        self._last: dict[str, int] = {}
+    Kept by url id (urltable.py) in an array: no Python object per url.
+    """
+
+    def __init__(self, table: UrlTable) -> None:
+        self._table = table
+        self._last = np.zeros(1024, dtype=np.int64)
         self._seq = 0
 
-    def touch(self, url: str) -> None:
+    def touch(self, url: str) -> int:
+        """Mark `url` as just used; its id."""
+        uid = self._table.id(url)
+        if uid >= len(self._last):
+            grown = np.zeros(max(2 * len(self._last), uid + 1), dtype=np.int64)
+            grown[: len(self._last)] = self._last
+            self._last = grown
         self._seq += 1
-        self._last[url] = self._seq
+        self._last[uid] = self._seq
+        return uid
 
     def forget(self, url: str) -> None:
-        self._last.pop(url, None)
+        uid = self._table.find(url)
+        if uid is not None and uid < len(self._last):
+            self._last[uid] = 0
 
     def rank(self, url: str) -> int:
         """Larger is more recent; a url never used (or forgotten) ranks 0, the least recent."""
-        return self._last.get(url, 0)
+        uid = self._table.find(url)
+        return 0 if uid is None else self.rank_of(uid)
+
+    def rank_of(self, uid: int) -> int:
+        """`rank` of a url id."""
+        return int(self._last[uid]) if uid < len(self._last) else 0
+
+    def ranks_of(self, uids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """`rank` of many url ids at once."""
+        inside = uids < len(self._last)
+        return np.where(inside, self._last[np.where(inside, uids, 0)], 0)
 
 
 def least_recent(pool: Sequence[str], recency: Recency) -> str:

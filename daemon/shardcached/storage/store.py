@@ -23,25 +23,15 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from shardcached.errors import NotFound
-from shardcached.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
-from shardcached.pins import UNKNOWN_PEER_JOB, PinLedger
-from shardcached.recovery import recover_cache_dir
+from shardcached.storage.layout import PART_PREFIX, PARTIAL_TTL_S, TEMP_PREFIX, Entry, remove_file
+from shardcached.storage.pins import UNKNOWN_PEER_JOB, Lease, PinLedger
+from shardcached.storage.recovery import recover_cache_dir
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Lease:
-    id: str
-    entry: Entry
-    expires: float
-    job: str = UNKNOWN_PEER_JOB  # whose bytes it pins (pins.py)
-    holder: str | None = None  # what ends it when gone: a session or a visible process (pins.py)
 
 
 class Residency(Protocol):

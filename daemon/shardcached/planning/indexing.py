@@ -8,54 +8,42 @@ A registration is answered once its plan's head (the first piece) is indexed: th
 its first opens advance its cursor at once, and the rest is indexed long before a reader gets there (a
 1M-url plan in a few seconds; a reader opens a few shards a second). Deleted and stale plans are dropped
 from the planner at once; the resident shards they held are refiled by next use here afterwards, then their
-entries are removed. A decision needs the refile done (nextuse.py): one that comes first awaits `refiled`,
+bits are cleared. A decision needs the refile done (nextuse.py): one that comes first awaits `refiled`,
 which refiles the rest in pieces too, so the wait falls on that download alone, never on the loop.
 
-The position index is frozen (`gc.freeze`) when this starts, and a long plan's url lists by the worker
-thread that reads them (planbody.py), before any collection can walk them.
+Nothing here hides objects from the garbage collector: the plans and the index are numpy arrays, which a
+collection never walks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 
-from shardcached.planbody import PlanBody
-from shardcached.planner import Planner
-from shardcached.plans import Plan
+from shardcached.planning.planbody import PlanBody
+from shardcached.planning.planner import Planner
+from shardcached.planning.plans import Plan
 
 logger = logging.getLogger(__name__)
 
-CHUNK = 500  # urls indexed or unindexed at a time (~0.5-2 ms), repeated within a step's budget
-REFILE_CHUNK = 50  # resident shards of dropped plans refiled at a time (~30 us each at 10^5 resident)
+CHUNK = (
+    2000  # positions indexed or cleared at a time (vectorised, ~0.2-1 ms), repeated within a step's budget
+)
+REFILE_CHUNK = 8000  # resident shards of dropped plans refiled at a time, vectorised (~1-3 us each)
 BUDGET_S = 0.004  # the loop's time one step may take, checked between pieces of `CHUNK` urls
-
-
-def _freeze() -> None:
-    """Move every object the collector tracks now into its permanent generation (`gc.freeze`, O(1)).
-
-    Called once the daemon serves: its start-up objects, the position index's parts among them
-    (plans.Positions, tracked from their creation), are never walked by a collection again. The index holds
-    up to millions of entries: a full collection walked them with the GIL held (85-170 ms at 1M urls here,
-    more once they lie all over memory), long enough for a health check to wait 126 ms. Long plans' url
-    lists are frozen by planbody.py. What a freeze keeps is cyclic garbage not yet collected at that moment.
-    """
-    gc.freeze()
-    logger.debug("froze the collector's objects")
 
 
 async def refiled(planner: Planner, piece: int = REFILE_CHUNK) -> None:
     """Return once no dropped plan has resident shards left to refile, refiling them in pieces of `piece`
     with the loop free between two (the indexer works on them meanwhile as well).
 
-    An eviction decision would settle them itself, in one loop step: ~10 us a shard, 1-1.5 s at 10^5
-    resident, which every hit on the node would wait for. Awaited, the refile's time falls on the open that
-    needs room (it is about to download anyway). Returns without yielding when nothing is pending, so a
-    caller that decides right after it sees everything refiled."""
+    An eviction decision would settle them itself, in one loop step, which every hit on the node would wait
+    for at 10^6 resident shards. Awaited, the refile's time falls on the open that needs room (it is about
+    to download anyway). Returns without yielding when nothing is pending, so a caller that decides right
+    after it sees everything refiled."""
     while planner.refile_pending:
         planner.refile_more(piece)
         await asyncio.sleep(0)
@@ -84,7 +72,7 @@ class PlanIndexer:
 
     def register(self, body: PlanBody) -> Plan:
         """Register a plan and index its head now; the rest follows in the background (call on the loop)."""
-        plan, fresh = self.planner.begin_plan(body.job, body.slot, body.epoch, body.urls, body.digest)
+        plan, fresh = self.planner.begin_plan(body.job, body.slot, body.epoch, body.arrays, body.digest)
         if fresh and not self.planner.index_more(plan, self.chunk):
             self._pending.append(plan)
         self.wake()  # a replaced plan may wait for unindexing too
@@ -101,11 +89,7 @@ class PlanIndexer:
 
     async def run(self) -> None:
         """Refile dropped plans' resident shards first (an eviction meanwhile would finish it on the loop),
-        then index pending plans (their next uses matter), then remove dropped plans' entries.
-
-        Starts by freezing the collector's objects: the daemon's start-up objects, the position index's
-        parts among them, are never walked again (plans.Positions)."""
-        _freeze()
+        then index pending plans (their next uses matter), then clear dropped plans' bits."""
         while True:
             if self.step():
                 await asyncio.sleep(0)  # let every ready request run between two steps

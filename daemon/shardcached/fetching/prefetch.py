@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 from shardcached.errors import DaemonError, NoRoom
 
 if TYPE_CHECKING:
-    from shardcached.layout import Entry
-    from shardcached.planner import Planner
+    from shardcached.planning import Planner
+    from shardcached.storage import Entry
 
 logger = logging.getLogger(__name__)
 

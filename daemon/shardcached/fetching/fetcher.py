@@ -28,11 +28,11 @@ from typing import Any
 import fsspec
 from fsspec.callbacks import Callback
 
-from shardcached.checksums import parse_checksum
 from shardcached.errors import Cancelled, IntegrityError
-from shardcached.filesystems import Filesystems, resumable
+from shardcached.fetching.filesystems import Filesystems, resumable
+from shardcached.fetching.retries import RetryPolicy
 from shardcached.keys import is_local
-from shardcached.retries import RetryPolicy
+from shardcached.storage import parse_checksum
 
 logger = logging.getLogger(__name__)
 

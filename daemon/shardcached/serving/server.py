@@ -25,13 +25,12 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from shardcached.app import create_app, create_metrics_app, serving_app
 from shardcached.coalesce import CoalescingHttpToolsProtocol
 from shardcached.config import Settings, parse_host_port
-from shardcached.dirlock import CacheDirLock
 from shardcached.mounts import check_required_mount
-from shardcached.planner import Planner
-from shardcached.store import Store
+from shardcached.planning import Planner
+from shardcached.serving.app import create_app, create_metrics_app, serving_app
+from shardcached.storage import CacheDirLock, Store
 
 logger = logging.getLogger(__name__)
 

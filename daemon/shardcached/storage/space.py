@@ -25,12 +25,10 @@ import os
 from collections.abc import Callable, Iterator
 
 from shardcached.errors import InsufficientCapacity, NoRoom, ShuttingDown
-from shardcached.indexing import refiled
-from shardcached.layout import Entry
 from shardcached.metrics import Metrics
-from shardcached.planner import Planner
-from shardcached.policies import prefetch_victim
-from shardcached.store import Store
+from shardcached.planning import REFILE_CHUNK, Planner, prefetch_victim, refiled
+from shardcached.storage.layout import Entry
+from shardcached.storage.store import Store
 
 logger = logging.getLogger(__name__)
 # How long an open waits for leases alone to give back room before 507 cache_pinned (see `make_room`).
@@ -50,8 +48,10 @@ class Space:
         clock: Callable[[], float],
         closing: Callable[[], bool],
         min_free: int = 0,
+        refile_piece: int = REFILE_CHUNK,
     ) -> None:
         self.store = store
+        self.refile_piece = refile_piece  # dropped plans' shards refiled per loop step before a decision
         self.min_free = min_free
         self.planner = planner
         self.metrics = metrics
@@ -133,7 +133,7 @@ class Space:
             # the room may have changed meanwhile, so look again.
             self.planner.expire_due()
             if self.planner.refile_pending:
-                await refiled(self.planner)
+                await refiled(self.planner, self.refile_piece)
                 continue
             victim = self._victim(url, demand=demand, warm=warm)
             if victim is None and not demand and self.planner.has_resident(self._usable):

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
@@ -23,6 +23,7 @@ from starlette.types import Scope
 
 from shardcache_protocol import (
     MAX_URL_LENGTH,
+    SHARDLIST_DIGEST,
     STATUS_MEANINGS,
     URL_PATTERN,
     ErrorBody,
@@ -39,21 +40,22 @@ from shardcache_protocol import (
     SessionGrant,
     SessionRequest,
     ShardList,
+    ShardListAccepted,
     Stats,
     TelemetryReport,
     TelemetrySummary,
 )
 from shardcached import __version__
-from shardcached.errors import NotFound, ShuttingDown
-from shardcached.hotpath import answer_open, answer_release
-from shardcached.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
+from shardcached.errors import DaemonError, NotFound, ShuttingDown
 from shardcached.peers import PEER_SCOPE_KEY
-from shardcached.pins import session_job
-from shardcached.planbody import read_plan, read_prefetch
+from shardcached.planning import ShardListIds, ShardLists, read_plan, read_prefetch, read_shardlist
 from shardcached.service import ShardService
+from shardcached.serving.hotpath import answer_open, answer_release
+from shardcached.serving.listing import DEFAULT_PAGE, MAX_PAGE, ShardListing
+from shardcached.serving.streams import lease_for_stream
+from shardcached.serving.telemetry import ClientTelemetry
 from shardcached.sessions import SessionResponse
-from shardcached.streams import lease_for_stream
-from shardcached.telemetry import ClientTelemetry
+from shardcached.storage.pins import session_job
 
 _JSON = "application/json"
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -139,6 +141,8 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
     planner = service.planner
     store = service.store
     listing = ShardListing(store, planner)
+    shardlists = ShardLists()
+    uploads: dict[str, asyncio.Future[ShardListIds]] = {}  # shard lists being read, by digest
     telemetry = ClientTelemetry(service.metrics.registry)
 
     @router.post("/telemetry", status_code=status.HTTP_204_NO_CONTENT, responses=_errors(422))
@@ -261,10 +265,15 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         copy older than the remote at that moment: its plans' cached shards are checked against the remote
         in the background, by listings, and an open waits only for its own shard's check.
         `"immutable": true` skips that.
+        The urls come as a list (`urls`), or as positions in a shard list uploaded before (`shardlist`, its
+        digest, and `positions`, base64 of int32 little-endian): 404 `unknown_shardlist` when the daemon
+        does not hold that list (upload it, then register again).
         """
         # Read raw and parsed in a worker thread: FastAPI would parse a 1M-url body on the event loop.
         chunks = [chunk async for chunk in request.stream()]
-        body = await asyncio.to_thread(read_plan, chunks, service.allow, max_plan_urls)
+        body = await asyncio.to_thread(
+            read_plan, chunks, service.allow, max_plan_urls, planner.table, shardlists
+        )
         session = service.owners.sessions.named(body.session)  # 404 unknown_session before registering
         ended = service.freshness.ended(body.job)
         plan = service.indexer.register(body)
@@ -272,6 +281,44 @@ def build_router(service: ShardService, policy: str, max_plan_urls: int = 4_000_
         service.owners.plan_added(plan.id, request.scope.get(PEER_SCOPE_KEY), session)
         service.plans_changed()
         return PlanResponse(plan=plan.id)
+
+    @router.put(
+        "/shardlists/{digest}",
+        response_model=ShardListAccepted,
+        responses=_errors(400, 403, 409, 413, 422),
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
+    )
+    async def put_shardlist(
+        request: Request,
+        digest: Annotated[str, Path(pattern=SHARDLIST_DIGEST, description="sha256 of the body, hex")],
+    ) -> ShardListAccepted:
+        """Upload a job's shard list once: its urls one per line (UTF-8, `\\n` between them), named by the
+        sha256 of that body. Plans then name positions in it (`POST /v1/plans` with `shardlist`), so each
+        url is read and checked once per list, not once per plan. 409 `digest_mismatch` when the body's
+        sha256 differs from `digest`; 403 naming the first url outside the allow-list; 413 past
+        `--max-plan-urls`."""
+        # Every reader process of a job may upload its list at once, on its first plan: the list is read
+        # and checked once, the others wait for that reading (or take the list held already). The body is
+        # received whole in any case, so the connection stays usable for the client's next request.
+        chunks = [chunk async for chunk in request.stream()]
+        listed = shardlists.find(digest)
+        if listed is None and digest in uploads:
+            with contextlib.suppress(DaemonError):  # that upload's body was refused; this one is read itself
+                listed = await asyncio.shield(uploads[digest])
+        if listed is None:
+            reading = asyncio.ensure_future(
+                asyncio.to_thread(read_shardlist, chunks, digest, service.allow, max_plan_urls, planner.table)
+            )
+            uploads.setdefault(digest, reading)
+            try:
+                listed = await reading
+            finally:
+                if uploads.get(digest) is reading:
+                    del uploads[digest]
+            shardlists.put(listed)
+        return ShardListAccepted(shardlist=digest, urls=len(listed.ids))
 
     @router.get("/plans")
     async def list_plans() -> list[dict[str, object]]:

@@ -8,10 +8,10 @@ for `stale_after_s` loses its plans.
 Registration and deletion come in two speeds. ``add_plan`` / ``delete_plan`` / ``expire_stale`` do the whole
 work at once (tests, simulations). The daemon instead calls ``begin_plan`` then ``index_more`` in bounded
 steps, and ``drop_plan`` / ``retire_stale`` then ``unindex_more``, so that no step is proportional to a
-plan's length: a dropped plan is gone at once for every question the planner asks, and its index entries
-are garbage removed later (lookups skip plan ids that are no longer live).
+plan's length: a dropped plan is gone at once for every question the planner asks (planindex.py), and its
+bits in the index are cleared later.
 
-Every url entering or leaving the position index, and every plan dropped, is told to a `Listener` (the
+Every chunk of url ids a plan starts holding, and every plan dropped, is told to a `Listener` (the
 planner's next-use index), so that the resident shards' order follows. Pure: no I/O, no asyncio, an
 injected clock.
 """
@@ -22,11 +22,15 @@ import logging
 import math
 import statistics
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shardcached.plans import Chain, Plan, Positions, index_plan, index_range, unindex_range
+import numpy as np
+import numpy.typing as npt
+
+from shardcached.planning.planindex import PlanIndex
+from shardcached.planning.plans import Chain, Plan, PlanArrays, PlanUrls
+from shardcached.planning.urltable import UrlTable
 
 logger = logging.getLogger(__name__)
 
@@ -36,50 +40,59 @@ _DEFAULT_INTERVAL = 1.0  # seconds between opens assumed while no slot has a pac
 class Listener(Protocol):
     """What must follow the registered plans (nextuse.NextUseIndex)."""
 
-    def replan(self, url: str, chain: Chain) -> None:
-        """`url`'s uses in `chain` may have changed (indexed or unindexed)."""
+    def indexed(self, uids: npt.NDArray[np.int64]) -> None:
+        """A plan now holds `uids` (distinct)."""
 
-    def dropped(self, chain: Chain, epoch: int) -> None:
-        """`chain`'s plan for `epoch` is no longer live."""
+    def dropped(self, plan: Plan) -> None:
+        """`plan` is no longer live."""
 
 
 class PlanRegistry:
-    """The live plans, their chains and position index, the dropped plans still in it, expiry and pace.
+    """The live plans, their chains, expiry and pace.
 
     Args:
         stale_after_s: a (job, slot) with no open and no new plan for this long loses its plans.
         clock: monotonic seconds, injected so that tests drive time.
-        listener: told of every url (un)indexed and every plan dropped.
+        table: the urls' ids.
+        index: which live plans hold each url (its entries follow the plans registered here).
+        listener: told of every chunk of urls indexed and every plan dropped.
     """
 
-    def __init__(self, stale_after_s: float, clock: Callable[[], float], listener: Listener) -> None:
+    def __init__(
+        self,
+        stale_after_s: float,
+        clock: Callable[[], float],
+        table: UrlTable,
+        index: PlanIndex,
+        listener: Listener,
+    ) -> None:
         self.stale_after_s = stale_after_s
         self.plans: dict[str, Plan] = {}
         self.chains: dict[tuple[str, int], Chain] = {}
-        self.positions = Positions()  # url -> plan id -> position(s): see plans.py
+        self._table = table
+        self._index = index
         self._clock = clock
         self._listener = listener
-        self._retired: deque[Plan] = deque()  # dropped plans whose index entries are not all removed yet
         self._ref_interval: float | None = None  # cached median interval; None = recompute
         self._expiry_check_at = math.inf  # no chain can be stale before this time
 
     def add_plan(self, job: str, slot: int, epoch: int, urls: Sequence[str]) -> str:
-        """`begin_plan`, the whole plan indexed and every dropped plan unindexed at once; the plan id."""
-        plan, fresh = self.begin_plan(job, slot, epoch, list(urls))  # a copy: see begin_plan
+        """`begin_plan`, the whole plan indexed and every dropped plan cleaned at once; the plan id."""
+        plan, fresh = self.begin_plan(job, slot, epoch, PlanArrays.from_urls(self._table, urls))
         if fresh:
-            index_plan(self.positions, plan, self._replanner(plan.chain))
+            self.index_more(plan, len(plan))
         self.unindex_more(math.inf)
         return plan.id
 
     def begin_plan(
-        self, job: str, slot: int, epoch: int, urls: list[str], digest: str | None = None
+        self, job: str, slot: int, epoch: int, arrays: PlanArrays, digest: str | None = None
     ) -> tuple[Plan, bool]:
         """Register a plan without indexing its urls: (plan, whether it still needs `index_more`).
 
-        An identical registration returns the existing plan (and False). `digest`, a hash of `urls`
-        computed by the caller, makes that comparison O(1); without it the urls are compared. The plan
-        counts as registered at once; its urls count for next uses as `index_more` reaches them.
-        The plan takes `urls` over: once it is dropped, `unindex_more` empties the list from its end.
+        An identical registration returns the existing plan (and False). `digest`, a hash of the urls
+        computed by the caller, makes that comparison O(1); without it the ids are compared. The plan
+        counts as registered at once (its cursor moves with opens); its urls count for next uses as
+        `index_more` reaches them.
         """
         now = self._clock()
         self.maybe_expire(now)
@@ -90,29 +103,32 @@ class PlanRegistry:
         self._expiry_check_at = min(self._expiry_check_at, now + self.stale_after_s)
         for plan in chain.plans:
             if plan.epoch == epoch:
-                same = plan.digest == digest if digest is not None else plan.urls == urls
-                if same and len(plan.urls) == len(urls):
+                if digest is not None:
+                    same = plan.digest == digest and len(plan) == len(arrays.ids)
+                else:
+                    same = np.array_equal(plan.ids, arrays.ids)
+                if same:
                     return plan, False
                 self.drop_plan(plan.id)
                 break
         # Dropping the chain's only plan removed the chain; the new plan keeps it (and its pace) alive.
         self.chains[(job, slot)] = chain
-        plan = Plan(uuid.uuid4().hex, chain, epoch, urls, digest=digest)
+        plan = Plan(uuid.uuid4().hex, chain, epoch, arrays, PlanUrls(arrays.ids, self._table), digest=digest)
         self.plans[plan.id] = plan
         chain.plans.append(plan)
         chain.plans.sort(key=lambda p: p.epoch)
-        logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(urls))
+        self._index.add(plan)
+        logger.debug("plan %s: job=%s slot=%d epoch=%d urls=%d", plan.id, job, slot, epoch, len(plan))
         return plan, True
 
     def index_more(self, plan: Plan, budget: int) -> bool:
-        """Index up to `budget` more urls of `plan`, in order; True once nothing is left to index (the plan
-        is fully indexed, or was dropped meanwhile)."""
+        """Index up to `budget` more positions of `plan`, in order; True once nothing is left to index
+        (the plan is fully indexed, or was dropped meanwhile)."""
         if self.plans.get(plan.id) is not plan:
             return True
-        stop = min(len(plan.urls), plan.indexed + budget)
-        index_range(self.positions, plan, plan.indexed, stop, self._replanner(plan.chain))
-        plan.indexed = stop
-        return stop == len(plan.urls)
+        uids = self._index.index_more(plan, budget)
+        self._listener.indexed(uids)
+        return plan.indexed == len(plan)
 
     def delete_plan(self, plan_id: str) -> bool:
         """`drop_plan`, its index entries removed at once; False if the id is unknown."""
@@ -122,46 +138,40 @@ class PlanRegistry:
         return True
 
     def drop_plan(self, plan_id: str) -> bool:
-        """Forget a plan now and leave its index entries to `unindex_more`; False if the id is unknown."""
+        """Forget a plan now (O(1) in its length) and leave its bits in the index to `unindex_more`;
+        False if the id is unknown."""
         plan = self.plans.pop(plan_id, None)
         if plan is None:
             return False
-        self._retired.append(plan)
         chain = plan.chain
         chain.plans.remove(plan)
-        # O(resident shards of the plan), not O(its urls): eviction stays exact while the index is cleaned.
-        self._listener.dropped(chain, plan.epoch)
+        self._listener.dropped(plan)
+        self._index.drop(plan)
         if not chain.plans:
             self.chains.pop((chain.job, chain.slot), None)
             self._ref_interval = None
         return True
 
     def unindex_more(self, budget: float) -> bool:
-        """Remove up to `budget` index entries of dropped plans; True once none is left."""
-        retired = self._retired
-        while retired and budget > 0:
-            plan = retired[0]
-            urls = plan.urls
-            # The list is emptied from its end as it goes (the part never indexed first): freed whole, a
-            # million strings would go in one step (~40-60 ms here).
-            if len(urls) > plan.indexed:
-                cut = max(plan.indexed, len(urls) - int(min(budget, len(urls))))
-                budget -= len(urls) - cut
-                del urls[cut:]
-                continue
-            start = max(0, plan.indexed - int(min(budget, plan.indexed)))
-            unindex_range(self.positions, plan, start, plan.indexed, self._replanner(plan.chain))
-            budget -= plan.indexed - start
-            plan.indexed = start
-            del urls[start:]
-            if start == 0:
-                retired.popleft()
-        return not retired
+        """Clear up to `budget` positions' bits of dropped plans in the index; True once none is left."""
+        return self._index.clean_more(int(min(budget, 1 << 62)))
 
     @property
     def unindex_pending(self) -> bool:
-        """Whether dropped plans still have entries in the index (see `unindex_more`)."""
-        return bool(self._retired)
+        """Whether dropped plans still have bits in the index (see `unindex_more`)."""
+        return self._index.clean_pending
+
+    def plan(self, plan_id: str) -> Plan | None:
+        """The live plan `plan_id`, or None."""
+        return self.plans.get(plan_id)
+
+    @property
+    def plan_count(self) -> int:
+        return len(self.plans)
+
+    def readers(self) -> list[Chain]:
+        """The (job, slot) chains with a live plan: the readers that may read concurrently."""
+        return list(self.chains.values())
 
     def orphan(self, plan_id: str, grace_s: float) -> bool:
         """Drop `plan_id`'s (job, slot)'s plans after `grace_s` unless an open or a new registration shows
@@ -230,15 +240,10 @@ class PlanRegistry:
                 "slot": plan.chain.slot,
                 "epoch": plan.epoch,
                 "cursor": plan.cursor,
-                "len": len(plan.urls),
+                "len": len(plan),
                 "interval_s": plan.chain.interval,
                 "last_open": plan.chain.last_open,
             }
             for chain in self.chains.values()
             for plan in chain.plans
         ]
-
-    def _replanner(self, chain: Chain) -> Callable[[str], None]:
-        """The per-url hook of (un)indexing a plan of `chain`."""
-        replan = self._listener.replan
-        return lambda url: replan(url, chain)
