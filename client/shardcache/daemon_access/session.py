@@ -21,8 +21,9 @@ The rules that keep the session true to its process:
 - **Never shared with a forked child.** A DataLoader worker forked from the trainer inherits a copy of
   the session's socket; if it kept it, the connection would outlive the trainer as long as the worker
   lives. The child closes its copy (`_reset_after_fork`; closing a copy does not end the parent's
-  connection) and starts its own session at its first open. The socket is created and recorded under
-  `forksafe.background_work`, so no fork can fall between the two and leak an unrecorded copy.
+  connection) and starts its own session at its first open. A session is started under
+  `forksafe.background_work` (taken before the session's own lock, the order every thread keeps), so no
+  fork can fall between creating the socket and recording it and leak an unrecorded copy.
 - **A session the daemon ended is replaced.** A daemon that restarted does not know the id (404
   `unknown_session`), and one that stopped ended the session's answer or its connection (the socket turned
   readable, `ended`). The caller checks on an error answer only, so a successful open costs nothing: it
@@ -92,7 +93,11 @@ class Session:
         session_id = self._id
         if session_id is not None or time.monotonic() < self._none_until:
             return session_id
-        with self._lock:
+        # The fork lock first, then the session's: the order of every thread. A background thread of ours
+        # (a plan announced ahead) holds the fork lock for its whole request and may find the session lost
+        # (`lost` takes the session's lock); taking the two the other way round here deadlocked a
+        # DataLoader worker whose daemon had restarted.
+        with forksafe.background_work(), self._lock:
             if self._id is not None or time.monotonic() < self._none_until:
                 return self._id  # another thread started it meanwhile
             return self._start(timeout)
@@ -126,8 +131,9 @@ class Session:
                 self._close()
 
     def _start(self, timeout: float) -> str | None:
-        with forksafe.background_work():  # no fork between creating the socket and recording it
-            sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The caller holds the fork lock (`current`): no fork falls between creating the socket and
+        # recording it.
+        sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
         try:
             sock.settimeout(timeout)

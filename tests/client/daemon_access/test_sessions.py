@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ from harness.daemon_api import api, metric
 from harness.devservers import Daemon
 from harness.polling import wait_child, wait_for
 from harness.shards import ShardSet
+from shardcache import forksafe
 from shardcache.daemon_access.daemon_client import DaemonClient
+from shardcache.daemon_access.session import Session
 from shardcache_protocol import SESSIONS_PATH
 
 
@@ -292,3 +295,36 @@ def test_a_daemon_without_sessions_is_asked_once_and_gets_opens_that_name_none(
     opens = [body for path, body in old_daemon.requests if path == "/v1/shards/open"]
     assert len(asked) == 1 and len(opens) == len(local_shards.local_paths)
     assert all("session" not in body for body in opens)
+
+
+def test_a_thread_starting_the_session_and_a_background_thread_losing_it_do_not_deadlock(
+    daemon: Daemon,
+) -> None:
+    # What hung a DataLoader worker after a daemon restart: its plan thread, inside the fork lock
+    # (`forksafe.background_work`) for its whole registration, found the session gone (`lost` takes the
+    # session's lock) while the worker's main thread was starting a new one.
+    session = Session(daemon.socket)
+    inside, lose = threading.Event(), threading.Event()
+
+    def announce_ahead() -> None:
+        with forksafe.background_work():
+            inside.set()
+            lose.wait(30)
+            session.lost("the id a restarted daemon forgot")
+
+    announcer = threading.Thread(target=announce_ahead, daemon=True)
+    announcer.start()
+    assert inside.wait(30)
+    started: list[str | None] = []
+    starter = threading.Thread(target=lambda: started.append(session.current(timeout=10)), daemon=True)
+    starter.start()
+    # Give the starter the chance to take the session's lock first, as it did when it hung (it never
+    # does now: it waits for the fork lock before the session's).
+    deadline = time.monotonic() + 1.0
+    while not session._lock.locked() and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    lose.set()
+    announcer.join(30)
+    starter.join(30)
+    assert not announcer.is_alive() and not starter.is_alive(), "deadlocked"
+    assert started and started[0] is not None

@@ -75,7 +75,9 @@ class RefusingClient:
 
     generation = 0
 
-    def register_plan(self, job: str, slot: int, epoch: int, urls: Any, *, ahead: bool = False) -> str:
+    def register_plan(
+        self, job: str, slot: int, epoch: int, urls: Any, *, ahead: bool = False, immutable: bool = False
+    ) -> str:
         if ahead:
             raise ValueError(f"plan for epoch {epoch} refused")
         return f"plan-{epoch}"
