@@ -38,6 +38,7 @@ from shardcache.resume.elastic import merge_states
 from shardcache.snapshots.config import CacheConfig
 from shardcache.snapshots.entries import CacheEntryInfo, clear_cache, list_cache_entries
 from shardcache.snapshots.snapshot import FingerprintProvider
+from shardcache.sources.manifests import write_manifest
 
 __version__ = "0.1.0"
 
@@ -75,4 +76,5 @@ __all__ = [
     "reset_logger",
     "set_log_level",
     "set_logger",
+    "write_manifest",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from shardcache.sources.manifests import write_manifest
+from shardcache import write_manifest
 
 # Samples per shard: unequal, so no rank's share is a whole number of batches.
 TRAIN_SHARDS = (35, 44, 38, 41, 36, 43, 37, 41)
